@@ -1,0 +1,74 @@
+"""What every task provides: prompts, a deterministic eval set, and a reward that never raises."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+
+@dataclass(frozen=True)
+class Score:
+    """The reward of one completion: `total` is the sum of `components`; `correct` is exact match."""
+
+    total: float
+    correct: bool
+    components: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt of a task: the user turn and the gold answer the reward checks against."""
+
+    prompt: str  # the user turn, as the model sees it inside the chat template
+    answer: str  # the gold answer (an integer for format_copy and arith, a number for math_hard)
+
+
+class Task(ABC):
+    """A verifiable-reward task.
+
+    Subclasses set `name` and `components` (the reward's part names, logged as `train/reward_<part>`)
+    and take their knobs (value range, system prompt, eval size and seed) as constructor arguments,
+    so a YAML config can set them.
+    """
+
+    name: str = "task"
+    components: tuple[str, ...] = ()
+
+    def __init__(self, system_prompt: str | None = None, eval_size: int = 64, eval_seed: int = 1234) -> None:
+        if eval_size < 1:
+            raise ValueError(f"eval_size must be >= 1, got {eval_size}")
+        self.system_prompt = system_prompt
+        self.eval_size = eval_size
+        self.eval_seed = eval_seed
+
+    @abstractmethod
+    def train_example(self, index: int, seed: int) -> Example:
+        """Example `index` of the endless training stream; a pure function of `(seed, index)`."""
+
+    @abstractmethod
+    def build_eval_set(self) -> list[Example]:
+        """The held-out set: identical across runs, algorithms and processes."""
+
+    @abstractmethod
+    def score(self, completion: str, example: Example) -> Score:
+        """Reward of one completion. Never raises and never evaluates the text as code."""
+
+    @cached_property
+    def eval_examples(self) -> list[Example]:
+        return self.build_eval_set()
+
+    def messages(self, example: Example) -> list[dict[str, str]]:
+        """Chat messages for `example`: an optional system turn, then the user turn."""
+        turns = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return [*turns, {"role": "user", "content": example.prompt}]
+
+    def eval_metrics(self, completions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
+        """Eval-set metrics; the base reports `exact_match` and the mean reward."""
+        scores = [self.score(c, e) for c, e in zip(completions, examples, strict=True)]
+        n = max(len(scores), 1)
+        return {
+            "exact_match": sum(s.correct for s in scores) / n,
+            "reward": sum(s.total for s in scores) / n,
+        }

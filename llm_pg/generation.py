@@ -1,0 +1,126 @@
+"""Prompt encoding and sampling with HF `generate`, shared by rollouts, evaluation and the base-model report."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+Conversation = Sequence[dict[str, str]]
+
+
+@dataclass
+class Generation:
+    """Sampled completions, `num_samples` per prompt, group-contiguous (row `i*G + j` answers prompt i)."""
+
+    prompt_ids: Tensor  # [N, P] left-padded
+    prompt_mask: Tensor  # [N, P] 1 on real prompt tokens
+    completion_ids: Tensor  # [N, C] right-padded with the pad token after the first EOS
+    texts: list[str]  # [N] completions decoded up to their EOS, special tokens dropped
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every id that ends a completion: the model's generation config EOS ids plus the tokenizer's."""
+    configured = model.generation_config.eos_token_id
+    ids = [configured] if isinstance(configured, int) else list(configured or [])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase,
+    conversations: Sequence[Conversation],
+    max_prompt_tokens: int | None = None,
+    chat_template: bool = True,
+) -> dict[str, Tensor]:
+    """Left-padded `input_ids`/`attention_mask` `[B, P]` for chat conversations.
+
+    With `chat_template` the tokenizer's template adds the generation prompt; without it the turns'
+    contents are joined by blank lines (for base models that have no template). Prompts longer than
+    `max_prompt_tokens` keep their last tokens, as the question usually sits at the end.
+    """
+    if chat_template:
+        texts = [
+            tokenizer.apply_chat_template(list(c), tokenize=False, add_generation_prompt=True) for c in conversations
+        ]
+    else:
+        texts = ["\n\n".join(turn["content"] for turn in c) for c in conversations]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    if max_prompt_tokens is not None and any(len(ids) > max_prompt_tokens for ids in encoded):
+        longest = max(len(ids) for ids in encoded)
+        warnings.warn(
+            f"a prompt has {longest} tokens, more than max_prompt_tokens={max_prompt_tokens}: keeping its last "
+            f"{max_prompt_tokens}; raise max_prompt_tokens to keep whole prompts",
+            stacklevel=2,
+        )
+        encoded = [ids[-max_prompt_tokens:] for ids in encoded]
+    width = max(len(ids) for ids in encoded)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for row, ids in enumerate(encoded):
+        if ids:
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention_mask[row, width - len(ids) :] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+@torch.no_grad()
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    conversations: Sequence[Conversation],
+    *,
+    num_samples: int = 1,
+    max_new_tokens: int = 32,
+    min_new_tokens: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    seed: int | None = None,
+    max_prompt_tokens: int | None = None,
+    chat_template: bool = True,
+) -> Generation:
+    """Sample `num_samples` completions per conversation (KV cache on, model in eval mode).
+
+    Sampling is plain temperature/top-p sampling: top-k and repetition penalties that a model's own
+    generation config may carry are switched off, so the log-probs the trainer computes at `temperature`
+    are those of the sampling distribution (up to top-p truncation). With `seed`, sampling draws from a
+    forked RNG seeded with it: the same seed gives the same completions and global RNG state is untouched.
+    """
+    device = next(model.parameters()).device
+    encoded = encode_prompts(tokenizer, conversations, max_prompt_tokens, chat_template)
+    prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0).to(device)  # [N, P]
+    prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
+    eos = eos_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    sampling = {} if greedy else {"temperature": temperature, "top_p": top_p}
+    was_training = model.training
+    model.eval()
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        output = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            do_sample=not greedy,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens,
+            top_k=0,
+            repetition_penalty=1.0,
+            num_beams=1,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            use_cache=True,
+            **sampling,
+        )
+    model.train(was_training)
+    completion_ids = output[:, prompt_ids.shape[1] :]  # [N, C]
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    return Generation(prompt_ids, prompt_mask, completion_ids, texts)

@@ -1,0 +1,162 @@
+"""The RL update as pure tensor math: no Lightning, no models, no I/O.
+
+Shapes: `B` rows (prompts x group_size completions, group-contiguous), `L` tokens of prompt plus
+completion, `C` completion tokens, `V` vocabulary. Log-probs, masks and reference log-probs enter
+the losses in completion space `[B, C]`. See docs/algorithms.md for the derivations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """Log-probability of each next token: `out[:, t] = log_softmax(logits[:, t] / T)[input_ids[:, t+1]]`.
+
+    Args:
+        logits: `[B, L, V]` in any float dtype; position t scores the token at t+1.
+        input_ids: `[B, L]`.
+        temperature: divides the logits before the softmax (the sampling temperature).
+
+    Returns:
+        `[B, L-1]` float32, computed as gathered logit minus logsumexp: no `[B, L, V]` log-softmax is
+        materialised, and bf16/fp16 logits are upcast one row at a time.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    targets = input_ids[:, 1:].unsqueeze(-1)  # [B, L-1, 1]
+    if logits.dtype in (torch.float32, torch.float64):
+        scaled = logits[:, :-1] / temperature if temperature != 1.0 else logits[:, :-1]
+        return (scaled.gather(-1, targets).squeeze(-1) - torch.logsumexp(scaled, dim=-1)).float()
+    # Low-precision logits: upcast one row at a time, so the float32 copy of [L, V] exists per row only.
+    rows = []
+    for row_logits, row_targets in zip(logits[:, :-1], targets, strict=True):
+        row_logits = row_logits.float() / temperature  # [L-1, V]
+        rows.append(row_logits.gather(-1, row_targets).squeeze(-1) - torch.logsumexp(row_logits, dim=-1))
+    return torch.stack(rows)
+
+
+def completion_mask(completion_ids: Tensor, eos_token_id: int | Sequence[int]) -> Tensor:
+    """True for every completion token up to and including the first EOS; all True without an EOS.
+
+    Args:
+        completion_ids: `[B, C]` generated tokens (right-padded, the pad may equal an EOS id).
+        eos_token_id: one id or several (e.g. `<|im_end|>` and `<|endoftext|>`).
+
+    Returns:
+        `[B, C]` bool. Position t is kept while no EOS occurred strictly before t, so padding after
+        the first EOS is masked even when the pad token is that same EOS.
+    """
+    eos_ids = torch.as_tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+    is_eos = torch.isin(completion_ids, eos_ids.to(completion_ids.device)).long()  # [B, C]
+    eos_before = torch.cumsum(is_eos, dim=1) - is_eos  # EOS count strictly before each position
+    return eos_before == 0
+
+
+def approx_kl(logp: Tensor, ref_logp: Tensor, clamp: float = 20.0) -> Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref): `exp(d) - d - 1`, `d = clamp(ref_logp - logp)`.
+
+    Unbiased on tokens sampled from pi_theta and nonnegative for every token (docs/algorithms.md).
+    The clamp keeps `exp` finite when the two models disagree wildly.
+    """
+    d = (ref_logp - logp).clamp(-clamp, clamp)
+    return torch.exp(d) - d - 1.0
+
+
+def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, normalize_std: bool = True) -> Tensor:
+    """Group-normalised advantages `A = (r - mean_g) / (std_g + eps)` over contiguous groups.
+
+    Args:
+        rewards: `[N]`, rows `i*G .. i*G+G-1` are the completions of prompt i.
+        group_size: G >= 2.
+        normalize_std: divide by the population std (`unbiased=False`); if False, `r - mean` only.
+
+    Returns:
+        `[N]`; a group of equal rewards gets exactly zero advantage.
+    """
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 to normalise within a group, got {group_size}")
+    if rewards.ndim != 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size}")
+    grouped = rewards.float().view(-1, group_size)  # [N/G, G]
+    centered = grouped - grouped.mean(dim=1, keepdim=True)
+    if normalize_std:
+        centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
+    return centered.view(-1)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of `x` where `mask` is True; over all elements, or along `dim` (empty rows give 0, not NaN)."""
+    mask = mask.to(x.dtype)
+    total = (x * mask).sum() if dim is None else (x * mask).sum(dim)
+    count = mask.sum() if dim is None else mask.sum(dim)
+    return total / count.clamp(min=1.0)
+
+
+def _kl_term(logp: Tensor, ref_logp: Tensor | None, mask: Tensor, kl_coef: float) -> tuple[Tensor, Tensor]:
+    """`(kl_coef * tokmean(approx_kl), tokmean(approx_kl))`, zeros without a reference."""
+    if ref_logp is None:
+        zero = logp.new_zeros(())
+        return zero, zero
+    kl = masked_mean(approx_kl(logp, ref_logp), mask)
+    return kl_coef * kl, kl
+
+
+def reinforce_loss(
+    logp: Tensor, mask: Tensor, advantages: Tensor, ref_logp: Tensor | None = None, kl_coef: float = 0.0
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GR-REINFORCE: `loss = -mean_i(A_i * seqmean_i(logp)) + kl_coef * tokmean(approx_kl)`.
+
+    Args:
+        logp: `[B, C]` log pi_theta of the sampled completion tokens (with grad).
+        mask: `[B, C]` completion mask.
+        advantages: `[B]`.
+        ref_logp: `[B, C]` log pi_ref, or None for no KL term.
+
+    Returns:
+        The scalar loss and detached stats `policy_loss`, `kl`.
+    """
+    policy_loss = -(advantages * masked_mean(logp, mask, dim=1)).mean()
+    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef)
+    return policy_loss + kl_loss, {"policy_loss": policy_loss.detach(), "kl": kl.detach()}
+
+
+def grpo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    ref_logp: Tensor | None = None,
+    clip_eps: float = 0.2,
+    kl_coef: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO's clipped surrogate with per-token ratio `rho = exp(logp - old_logp)`:
+
+    `loss = -mean_i(seqmean_i(min(rho*A_i, clip(rho, 1-eps, 1+eps)*A_i))) + kl_coef * tokmean(approx_kl)`.
+
+    Args:
+        logp, old_logp: `[B, C]` log-probs under the current and the sampling policy.
+        mask: `[B, C]`; advantages: `[B]`; ref_logp: `[B, C]` or None.
+
+    Returns:
+        The scalar loss and detached stats `policy_loss`, `kl`, `clip_fraction` (share of completion
+        tokens whose gradient the clip removes), `ratio_max`, `ratio_mean`.
+    """
+    rho = torch.exp((logp - old_logp).clamp(-20.0, 20.0))  # [B, C]
+    adv = advantages.unsqueeze(1)  # [B, 1]
+    surrogate = torch.minimum(rho * adv, rho.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv)
+    policy_loss = -masked_mean(surrogate, mask, dim=1).mean()
+    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef)
+    clipped = ((rho > 1.0 + clip_eps) & (adv > 0)) | ((rho < 1.0 - clip_eps) & (adv < 0))
+    rho_kept = rho.detach()[mask]
+    stats = {
+        "policy_loss": policy_loss.detach(),
+        "kl": kl.detach(),
+        "clip_fraction": masked_mean(clipped.float(), mask),
+        "ratio_max": rho_kept.max() if rho_kept.numel() else rho.new_ones(()),
+        "ratio_mean": masked_mean(rho.detach(), mask),
+    }
+    return policy_loss + kl_loss, stats

@@ -1,0 +1,71 @@
+"""One rollout as aligned tensors (`RolloutBatch`), and the callback that samples it each iteration."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class RolloutBatch:
+    """Aligned per-row data of one rollout: `N = prompts * group_size` rows, group-contiguous.
+
+    Row `i*G + j` is completion j of prompt i. Sequences are `[prompt (left-padded to P) | completion
+    (right-padded to C)]`, so every completion starts at column `prompt_len`.
+    """
+
+    input_ids: Tensor  # [N, P+C] long
+    attention_mask: Tensor  # [N, P+C] long: 1 on real prompt tokens and on the completion up to its first EOS
+    completion_mask: Tensor  # [N, C] bool: completion tokens up to and including the first EOS
+    rewards: Tensor  # [N] float32
+    advantages: Tensor  # [N] float32, group-normalised and clipped
+    old_logp: Tensor | None = None  # [N, C] float32, log pi_old at the sampling temperature (GRPO)
+    ref_logp: Tensor | None = None  # [N, C] float32, log pi_ref (only when kl_coef > 0)
+    prompt_len: int = 0  # P
+    texts: list[str] = field(default_factory=list)  # [N] decoded completions
+    prompt_index: list[int] = field(default_factory=list)  # [N] which prompt of the batch each row answers
+
+    def __post_init__(self) -> None:
+        n = self.input_ids.shape[0]
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor | list) and len(value) not in (0, n):
+                raise ValueError(f"RolloutBatch.{f.name} has {len(value)} rows, input_ids has {n}")
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def _map(self, tensor_fn, list_fn) -> RolloutBatch:
+        """A new batch with `tensor_fn` applied to every tensor field and `list_fn` to every list field."""
+        changes = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                changes[f.name] = tensor_fn(value)
+            elif isinstance(value, list):
+                changes[f.name] = list_fn(value)
+        return dataclasses.replace(self, **changes)
+
+    def select(self, index: Tensor) -> RolloutBatch:
+        """The rows `index` (a 1-D long tensor), every field sliced with the same index."""
+        rows = index.tolist()
+        return self._map(lambda t: t[index.to(t.device)], lambda values: [values[i] for i in rows])
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        return self._map(lambda t: t.to(device), lambda values: values)
+
+    @property
+    def completion_ids(self) -> Tensor:  # [N, C]
+        return self.input_ids[:, self.prompt_len :]
+
+    def minibatches(self, minibatch_size: int, generator: torch.Generator | None = None) -> Iterator[RolloutBatch]:
+        """Rows in a shuffled order (seeded by `generator`), `minibatch_size` at a time; the last may be short."""
+        if minibatch_size < 1:
+            raise ValueError(f"minibatch_size must be >= 1, got {minibatch_size}")
+        order = torch.randperm(len(self), generator=generator)
+        for start in range(0, len(self), minibatch_size):
+            yield self.select(order[start : start + minibatch_size])
