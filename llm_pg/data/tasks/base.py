@@ -55,6 +55,10 @@ class Task(ABC):
     def score(self, completion: str, example: Example) -> Score:
         """Reward of one completion. Never raises and never evaluates the text as code."""
 
+    def prepare(self) -> None:
+        """Load whatever the task needs (data files) now; a no-op for synthetic tasks."""
+        return None
+
     @cached_property
     def eval_examples(self) -> list[Example]:
         return self.build_eval_set()

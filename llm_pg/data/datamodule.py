@@ -1,0 +1,118 @@
+"""PromptGroupDataModule: an endless, seeded, resumable stream of prompt batches, and the task's eval set.
+
+Batch `k` on rank `r` of `w` holds the task's train examples at stream indices `(k*w + r)*n + j`,
+`j = 0..n-1`, `n = prompts_per_step`: a pure function of `(seed, k, r, w, n)`, so ranks see different
+prompts and a resumed run sees exactly the prompts an uninterrupted one would. The expansion of each
+prompt to `group_size` completions happens in the rollout, not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader, IterableDataset
+
+from llm_pg.data.tasks.base import Example, Task
+
+__all__ = ["PromptGroupDataModule"]
+
+
+def _keep(item: Any) -> Any:
+    """Collate that leaves batches of `Example`s as they are."""
+    return item
+
+
+class PromptStream(IterableDataset):
+    """Batches `{"index": k, "examples": list[Example]}` for `k = start, start + 1, ...` forever."""
+
+    def __init__(self, task: Task, seed: int, prompts_per_step: int, start: int, rank: int, world_size: int) -> None:
+        self.task, self.seed, self.prompts_per_step = task, seed, prompts_per_step
+        self.start, self.rank, self.world_size = start, rank, world_size
+
+    def batch(self, k: int) -> dict[str, Any]:
+        first = (k * self.world_size + self.rank) * self.prompts_per_step
+        examples = [self.task.train_example(first + j, self.seed) for j in range(self.prompts_per_step)]
+        return {"index": k, "examples": examples}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        k = self.start
+        while True:
+            yield self.batch(k)
+            k += 1
+
+
+class EvalBatches(IterableDataset):
+    """The eval examples in lists of `batch_size`. Iterable, so Lightning adds no distributed sampler and
+    every rank (in practice rank 0, which runs the eval) sees the whole set."""
+
+    def __init__(self, examples: list[Example], batch_size: int) -> None:
+        self.examples, self.batch_size = examples, batch_size
+
+    def __iter__(self) -> Iterator[list[Example]]:
+        for start in range(0, len(self.examples), self.batch_size):
+            yield self.examples[start : start + self.batch_size]
+
+
+class PromptGroupDataModule(L.LightningDataModule):
+    """Seeded prompt batches of `prompts_per_step` examples for training; `task.eval_examples` for eval.
+
+    Resume: the training module calls `mark_consumed(k)` once it has used batch `k`; `state_dict()` saves
+    the next batch index and `load_state_dict()` restores it, so the next `train_dataloader()` starts there.
+    The counter is not advanced when a batch is yielded, because Lightning fetches a batch ahead.
+    """
+
+    def __init__(self, task: Task, prompts_per_step: int = 8, seed: int = 0, eval_batch_size: int = 64) -> None:
+        super().__init__()
+        if prompts_per_step < 1:
+            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
+        if eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
+        self.task = task
+        self.prompts_per_step = prompts_per_step
+        self.seed = seed
+        self.eval_batch_size = eval_batch_size
+        self.next_batch = 0
+
+    def setup(self, stage: str | None = None) -> None:
+        self.task.prepare()  # load task data here, so a missing dataset fails before any rollout
+
+    def _rank_and_world_size(self) -> tuple[int, int]:
+        if self.trainer is None:
+            return 0, 1
+        return self.trainer.global_rank, self.trainer.world_size
+
+    def train_stream(self) -> PromptStream:
+        rank, world_size = self._rank_and_world_size()
+        return PromptStream(self.task, self.seed, self.prompts_per_step, self.next_batch, rank, world_size)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_stream(), batch_size=None, num_workers=0, collate_fn=_keep)
+
+    def val_dataloader(self) -> DataLoader:
+        batches = EvalBatches(self.task.eval_examples, self.eval_batch_size)
+        return DataLoader(batches, batch_size=None, num_workers=0, collate_fn=_keep)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Batches hold no tensors (the rollout tokenizes), and Lightning's default transfer would try to
+        rebuild the frozen `Example` dataclasses and fail, so they pass through unchanged."""
+        return batch
+
+    def mark_consumed(self, index: int) -> None:
+        """Record that training used batch `index`; a resumed run continues at `index + 1`."""
+        self.next_batch = index + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_batch": self.next_batch, "seed": self.seed, "prompts_per_step": self.prompts_per_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for key in ("seed", "prompts_per_step"):
+            if key in state_dict and state_dict[key] != getattr(self, key):
+                rank_zero_warn(
+                    f"resuming with {key}={getattr(self, key)} but the checkpoint used {state_dict[key]}: "
+                    "the prompt stream will differ from the interrupted run"
+                )
+        self.next_batch = int(state_dict["next_batch"])
