@@ -39,6 +39,16 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) 
     return torch.stack(rows)
 
 
+@torch.no_grad()
+def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of each position's next-token distribution `[B, L]` (float32), one row at a time, no grad."""
+    rows = []
+    for row_logits in logits:
+        logp = torch.log_softmax(row_logits.float() / temperature, dim=-1)  # [L, V]
+        rows.append(-(logp.exp() * logp).sum(-1))
+    return torch.stack(rows)
+
+
 def completion_mask(completion_ids: Tensor, eos_token_id: int | Sequence[int]) -> Tensor:
     """True for every completion token up to and including the first EOS; all True without an EOS.
 

@@ -1,0 +1,85 @@
+"""Shared fixtures: a random two-layer model with the tiny tokenizer, and a helper that runs `llm-pg fit`."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# No network, no W&B, quiet tokenizers: set before anything imports transformers or wandb.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory) -> str:
+    """A randomly initialised 2-layer Llama (hidden 32) with the tiny byte tokenizer: fast, and its
+    samples are varied, so rewards differ within groups only by chance."""
+    from transformers import LlamaForCausalLM
+
+    from llm_pg.tiny.pretrain import tiny_config
+    from llm_pg.tiny.tokenizer import ENDOFTEXT, IM_END, build_tokenizer
+
+    out = tmp_path_factory.mktemp("random-tiny")
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=2))
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids([IM_END, ENDOFTEXT])
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+SMALL = [  # 2 prompts x 4 completions, 2 micro-batches of 2 per step, short completions
+    "--data.prompts_per_step=2",
+    "--model.init_args.group_size=4",
+    "--model.init_args.minibatch_size=2",
+    "--model.init_args.grad_accum_steps=2",
+    "--model.init_args.max_new_tokens=8",
+    "--model.init_args.eval_every=100",
+    "--model.init_args.log_generations_every=1",
+    "--data.task.init_args.eval_size=4",
+    "--wandb_project=null",
+    "--trainer.enable_progress_bar=false",
+]
+
+
+def fit(tmp_path: Path, model_dir: str, *overrides: str, config: str = "configs/tiny/format_copy_grpo.yaml"):
+    """Run `llm-pg fit` in-process on `model_dir` with small settings; returns the LightningCLI object."""
+    from llm_pg.cli import run_cli
+
+    args = [
+        "fit",
+        f"--config={ROOT / config}",
+        f"--model.init_args.model_name_or_path={model_dir}",
+        f"--runs_root={tmp_path}",
+        "--run_name=run",
+        *SMALL,
+        *overrides,
+    ]
+    return run_cli(args)
+
+
+from llm_pg.data.tasks.base import Example, Score, Task  # noqa: E402
+
+
+class DigitTask(Task):
+    """A test task a random model earns varied rewards on: the share of digit characters in the completion."""
+
+    name = "digits"
+    components = ("digits",)
+
+    def train_example(self, index: int, seed: int) -> Example:
+        return Example(prompt=f"Say digits {seed}:{index}", answer="")
+
+    def build_eval_set(self) -> list[Example]:
+        return [Example(prompt=f"Say digits {i}", answer="") for i in range(self.eval_size)]
+
+    def score(self, completion: str, example: Example) -> Score:
+        share = sum(c.isdigit() for c in completion) / max(len(completion), 1)
+        return Score(total=share, correct=share > 0.5, components={"digits": share})
