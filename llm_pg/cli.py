@@ -9,15 +9,15 @@ llm-pg sweep FILE | report RUN_DIR... | bundle RUN_DIR... --out FILE.zip
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
+import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
 from llm_pg.callbacks import IterationCheckpoint
 from llm_pg.data.datamodule import PromptGroupDataModule
+from llm_pg.loggers import default_loggers
 from llm_pg.modules.base import PolicyGradientModule
 
 
@@ -37,6 +37,9 @@ class LLMPGCLI(LightningCLI):
             default="llm_pg",
             help="W&B project, offline without a key; null: no W&B.",
         )
+        parser.add_argument(
+            "--torch_threads", type=int | None, default=None, help="CPU threads for torch (tiny runs: 1 is fastest)."
+        )
         parser.link_arguments("seed", "data.seed")
         parser.link_arguments("seed", "model.init_args.seed")
         parser.link_arguments("data.prompts_per_step", "model.init_args.prompts_per_step")
@@ -47,6 +50,8 @@ class LLMPGCLI(LightningCLI):
 
         config = self.config[self.subcommand] if self.subcommand else self.config
         seed_everything(config.seed, workers=True, verbose=False)
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
         if config.run_name is None:
             config.run_name = _default_run_name(config)
         config.trainer.default_root_dir = str(Path(config.runs_root) / config.run_name)
@@ -57,7 +62,10 @@ class LLMPGCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         if config.trainer.logger in (None, True):
-            kwargs["logger"] = _default_loggers(config)
+            resume = self.subcommand == "fit" and config.get("ckpt_path") is not None
+            kwargs["logger"] = default_loggers(
+                config.trainer.default_root_dir, config.run_name, config.wandb_project, resume
+            )
         return super().instantiate_trainer(**kwargs)
 
 
@@ -70,18 +78,6 @@ def _default_run_name(config) -> str:
     else:
         name = "run"
     return name if config.seed == 0 else f"{name}_seed{config.seed}"
-
-
-def _default_loggers(config) -> list:
-    """CSV always (metrics.csv in the run directory); W&B too unless disabled, offline without an API key."""
-    root = config.trainer.default_root_dir
-    loggers = [CSVLogger(save_dir=root, name="", version="")]
-    if config.wandb_project and os.environ.get("WANDB_MODE") != "disabled":
-        offline = not os.environ.get("WANDB_API_KEY")
-        loggers.append(
-            WandbLogger(project=config.wandb_project, name=config.run_name, save_dir=root, offline=offline, id=None)
-        )
-    return loggers
 
 
 def run_cli(args: list[str] | None = None) -> LLMPGCLI:

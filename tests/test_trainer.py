@@ -100,6 +100,9 @@ def test_resume_continues_exactly(tmp_path, random_model_dir):
     for name, weight in straight.policy.state_dict().items():
         assert torch.equal(weight, resumed_weights[name]), name
     assert _generations(tmp_path / "a" / "run") == _generations(tmp_path / "b" / "run")
+    # metrics.csv keeps the first attempt's rows: the resumed run appends.
+    steps = sorted({r["step"] for r in _metrics(tmp_path / "b" / "run") if "train/reward" in r})
+    assert steps == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path, random_model_dir):

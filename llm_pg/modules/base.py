@@ -42,7 +42,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         minibatch_size: rows per forward/backward pass.
         grad_accum_steps: micro-batches whose gradients make one optimizer step.
         kl_coef: weight of the KL penalty; 0 loads and runs no reference model.
-        lr, weight_decay, warmup_steps: AdamW (betas 0.9, 0.95) with linear warmup over optimizer steps.
+        lr, weight_decay, warmup_steps: AdamW (betas 0.9, 0.95); the learning rate ramps linearly over the first
+            `warmup_steps` RL iterations (`lr * min(1, (iteration + 1) / warmup_steps)`, as in the course).
         max_grad_norm: gradient-norm clip per optimizer step.
         adv_clip: advantages are clipped to +-adv_clip after group normalisation.
         temperature, top_p, max_new_tokens, min_new_tokens, max_prompt_tokens: sampling.
@@ -102,6 +103,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         _check(temperature > 0, f"model.temperature must be > 0 (use eval for greedy decoding), got {temperature}")
         _check(0 < top_p <= 1, f"model.top_p must be in (0, 1], got {top_p}")
         _check(max_new_tokens >= 1, f"model.max_new_tokens must be >= 1, got {max_new_tokens}")
+        _check(warmup_steps >= 0, f"model.warmup_steps must be >= 0, got {warmup_steps}")
         _check(max_grad_norm > 0, f"model.max_grad_norm must be > 0, got {max_grad_norm}")
         _check(eval_every >= 1, f"model.eval_every must be >= 1, got {eval_every}")
         resolve_model_path(model_name_or_path)  # a missing local directory fails here, before any loading
@@ -109,6 +111,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
         self.optimizer_steps = 0
         self.latest_eval: dict[str, float] = {}
+        self.elapsed_before = 0.0  # training seconds of earlier attempts (resume)
+        self._clock = time.perf_counter()
         self.policy = None
         self.tokenizer = None
         self._reference: list[torch.nn.Module] = []  # a list, so the reference is not a submodule
@@ -153,6 +157,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
             self.reference.to(self.device)
 
     def on_train_start(self) -> None:
+        self._clock = time.perf_counter() - self.elapsed_before
         # One training step runs many backward passes and optimizer steps after a single forward of the
         # DDP-wrapped module, which DDP's reducer cannot follow; gradients are averaged explicitly instead
         # (`_average_gradients_across_ranks`), so the reducer is switched off.
@@ -206,8 +211,11 @@ class PolicyGradientModule(L.LightningModule, ABC):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         hp = self.hparams
         optimizer = torch.optim.AdamW(params, lr=hp.lr, betas=(0.9, 0.95), weight_decay=hp.weight_decay)
-        warmup = max(hp.warmup_steps, 0)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
+        warmup = hp.warmup_steps
+        # Stepped once per RL iteration (in training_step), so its step count is the iteration.
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda iteration: min(1.0, (iteration + 1) / warmup) if warmup > 0 else 1.0
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
@@ -235,20 +243,22 @@ class PolicyGradientModule(L.LightningModule, ABC):
                     for name, value in stats.items():
                         totals[name] = totals.get(name, 0.0) + float(value)
                     micro_count += 1
-                grad_norms.append(self._clipped_step(optimizer, scheduler))
+                grad_norms.append(self._clipped_step(optimizer))
         metrics = {f"train/{k}": v / micro_count for k, v in totals.items()}
         finite_norms = [g for g in grad_norms if math.isfinite(g)]
         metrics.update(
             {
                 "train/ratio_max": ratio_max,
                 "train/grad_norm": sum(finite_norms) / max(len(finite_norms), 1),
-                "train/lr": scheduler.get_last_lr()[0],
+                "train/lr": scheduler.get_last_lr()[0],  # the rate this iteration's steps used
                 "train/optimizer_steps": float(self.optimizer_steps),
                 "train/skipped_steps": float(self.skipped_steps),
                 "time/update": time.perf_counter() - start_time,
+                "time/elapsed": time.perf_counter() - self._clock,  # training wall time, resumes included
                 **batch.get("rollout_metrics", {}),
             }
         )
+        scheduler.step()
         self.iteration += 1
         self.trainer.datamodule.mark_consumed(batch["index"])
         if self.iteration >= hp.iterations:
@@ -265,14 +275,13 @@ class PolicyGradientModule(L.LightningModule, ABC):
         logged = {f"eval/{k}": v for k, v in metrics.items()}
         self.log_dict(logged, batch_size=len(batch), on_epoch=True, sync_dist=self.trainer.world_size > 1)
 
-    def _clipped_step(self, optimizer, scheduler) -> float:
+    def _clipped_step(self, optimizer) -> float:
         """Clip the accumulated gradient and step, or skip (and count) when it is not finite."""
         params = [p for p in self.policy.parameters() if p.requires_grad]
         self._average_gradients_across_ranks(params)
         norm = float(torch.nn.utils.clip_grad_norm_(params, self.hparams.max_grad_norm))
         if math.isfinite(norm):
             optimizer.step()
-            scheduler.step()
             self.optimizer_steps += 1
         else:
             self.skipped_steps += 1
@@ -313,6 +322,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
             "skipped_steps": self.skipped_steps,
             "optimizer_steps": self.optimizer_steps,
             "latest_eval": dict(self.latest_eval),
+            "elapsed": time.perf_counter() - self._clock,
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -321,3 +331,4 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.skipped_steps = state.get("skipped_steps", 0)
         self.optimizer_steps = state.get("optimizer_steps", 0)
         self.latest_eval = dict(state.get("latest_eval", {}))
+        self.elapsed_before = state.get("elapsed", 0.0)

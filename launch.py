@@ -1,0 +1,306 @@
+"""Modal launcher: `llm-pg fit` on H100s, with run directories and the Hugging Face cache on Volumes.
+
+    modal run --detach launch.py --config configs/math_hard/grpo.yaml [--override model.init_args.kl_coef=0.1 ...]
+                                 [--seed 1] [--run_name NAME] [--gpus N]
+    modal run --detach launch.py::sweep --file configs/sweeps/grpo_format_copy_ablation.yaml [--seeds 0,1] [--only a,b]
+    modal run -w results.zip launch.py::bundle RUN_NAME...          # `llm-pg bundle` on the Volume, zip written here
+    python launch.py --local --config configs/tiny/format_copy_grpo.yaml   # the same function here, without Modal
+
+A run lives at `/<run_name>` on the Volume `llm-pg-runs` (`/runs/<run_name>` in the container). The run name is
+fixed per run (default: as `llm-pg fit` names it), so a retry after a preemption, a crash or the timeout finds
+`checkpoints/last.ckpt` there and resumes with `--ckpt_path last`; launching a finished run (it has `final/`)
+does nothing. The W&B key comes from the Modal secret `wandb` (`modal secret create wandb WANDB_API_KEY=...`);
+without it runs log W&B offline inside the run directory (set LLM_PG_WANDB_SECRET to use another secret name,
+or to an empty string to skip the lookup). `--gpus N` asks for N H100s in one container and runs Lightning's DDP
+across them, each rank rolling out its own prompt groups.
+
+The command building at the top is plain Python, tested without Modal credentials (tests/test_launch.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import modal
+
+from llm_pg.sweep import Run, expand, is_complete, load_sweep, resume_flag, select
+
+ROOT = Path(__file__).resolve().parent
+APP_NAME = "llm-pg"
+RUNS_VOLUME, HF_VOLUME = "llm-pg-runs", "llm-pg-hf-cache"
+REMOTE_ROOT = "/root"  # the package and configs in the container; the working directory of every run
+REMOTE_RUNS, REMOTE_HF = "/runs", "/hf-cache"
+TORCH = "torch==2.13.0"  # installed first, as the Makefile does: the same version, here its CUDA build
+GPU = "H100"
+TIMEOUT_S = 24 * 60 * 60  # Modal's maximum, per attempt; math_hard GRPO (501 iterations) needs roughly 4-8 h
+RETRIES = 3  # attempts after a crash or a timeout; preemptions restart the input on their own
+COMMIT_EVERY_S = 300  # persist checkpoints to the Volume this often, so a retry finds them
+WANDB_SECRET = os.environ.get("LLM_PG_WANDB_SECRET", "wandb")
+
+
+# ---- what runs: plain functions ------------------------------------------------------------------------
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """`model.init_args.kl_coef=0.1` -> (`model.init_args.kl_coef`, `0.1`); the key is an `llm-pg fit` flag."""
+    key, sep, value = text.partition("=")
+    key = key.strip().removeprefix("--")
+    if not sep or not key:
+        raise ValueError(f"--override {text!r}: write KEY=VALUE, e.g. model.init_args.kl_coef=0.1")
+    return key, value
+
+
+def default_run_name(config: str, seed: int = 0) -> str:
+    """`llm-pg fit`'s default: `math_hard_grpo` for configs/math_hard/grpo.yaml, `_seed<N>` added when seed != 0."""
+    path = Path(config)
+    name = f"{path.parent.name}_{path.stem}" if path.parent.name != "configs" else path.stem
+    return name if seed == 0 else f"{name}_seed{seed}"
+
+
+def fit_command(
+    config: str,
+    overrides: Mapping[str, Any],
+    run_name: str,
+    resume: bool,
+    gpus: int = 1,
+    seed: int = 0,
+    runs_root: str = REMOTE_RUNS,
+) -> list[str]:
+    """The `llm-pg fit` process one launch runs (as `python -m llm_pg.cli`, which Lightning's DDP re-executes)."""
+    if gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {gpus}")
+    args = Run(run_name, config, overrides, seed).fit_args(runs_root, resume)
+    ddp = ["--trainer.devices", str(gpus), "--trainer.strategy", "ddp"] if gpus > 1 else []
+    return [sys.executable, "-m", "llm_pg.cli", "fit", *args, *ddp]
+
+
+def fetch_command(run_name: str, dest: str = "runs") -> str:
+    """The `modal volume get` that copies a run (or a sweep's folder) to `<dest>/<run_name>` here."""
+    parent = shlex.quote(str(Path(dest, run_name).parent))
+    return f"mkdir -p {parent} && modal volume get {RUNS_VOLUME} {shlex.quote(run_name)} {parent}"
+
+
+def run_fit(
+    config: str,
+    overrides: Mapping[str, Any],
+    run_name: str,
+    seed: int = 0,
+    gpus: int = 1,
+    runs_root: str = REMOTE_RUNS,
+    cwd: str | Path = REMOTE_ROOT,
+    commit: Callable[[], None] | None = None,
+) -> str:
+    """Train one run to the end, resuming it if it has a checkpoint; returns how it ended.
+
+    Training runs in a child process (Lightning's DDP launcher re-executes its command line); `commit`, when
+    given, persists the run directory every COMMIT_EVERY_S seconds and when the child ends or is interrupted.
+    """
+    run_dir = Path(runs_root) / run_name
+    if is_complete(run_dir):
+        print(f"{run_name}: already finished ({run_dir}/final exists); pick another --run_name to train again")
+        return "already finished"
+    resume = bool(resume_flag(run_dir))
+    command = fit_command(config, overrides, run_name, resume, gpus, seed, runs_root)
+    print(("resuming: " if resume else "starting: ") + shlex.join(command), flush=True)
+    child = subprocess.Popen(command, cwd=cwd, start_new_session=True)  # its own group: DDP ranks stop with it
+    try:
+        while True:
+            try:
+                returncode = child.wait(timeout=COMMIT_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                if commit:
+                    commit()
+    finally:
+        if child.poll() is None:  # interrupted (preemption, timeout, Ctrl-C): stop training, keep what was saved
+            _stop(child)
+        if commit:
+            commit()
+    if returncode != 0:
+        raise RuntimeError(f"{run_name}: llm-pg fit exited with {returncode}")
+    return "finished"
+
+
+def _stop(child: subprocess.Popen) -> None:
+    """SIGTERM to the training process group (every DDP rank), SIGKILL if it is still there a minute later."""
+    os.killpg(child.pid, signal.SIGTERM)
+    try:
+        child.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def parse_launch_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="modal run launch.py", description="Train one run on Modal (or --local).")
+    parser.add_argument("--config", required=True, help="a config under configs/, e.g. configs/math_hard/grpo.yaml")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="repeatable")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run_name", help="run directory name (default: as llm-pg fit names it)")
+    parser.add_argument("--gpus", type=int, default=1, help="H100s in one container, trained with DDP (default 1)")
+    parser.add_argument("--local", action="store_true", help="run here, in-process, with runs under ./runs")
+    args = parser.parse_args(list(argv))
+    args.overrides = dict(parse_override(o) for o in args.override)
+    if "seed" in args.overrides or "run_name" in args.overrides:
+        parser.error("use --seed and --run_name, not --override, for the seed and the run name")
+    args.run_name = args.run_name or default_run_name(args.config, args.seed)
+    return args
+
+
+def repo_config(config: str) -> str:
+    """`config` as a path from the repository root, which is also the container's working directory; only files
+    under configs/ are in the container."""
+    path = (ROOT / config).resolve()
+    if not path.is_file() or (ROOT / "configs") not in path.parents:
+        raise SystemExit(f"{config}: give a file under configs/ (as a path from the repository root)")
+    return path.relative_to(ROOT).as_posix()
+
+
+# ---- Modal ---------------------------------------------------------------------------------------------
+
+image = (
+    modal.Image.debian_slim(python_version="3.11")
+    .pip_install(TORCH)
+    .add_local_file(ROOT / "requirements.lock", f"{REMOTE_ROOT}/requirements.lock", copy=True)
+    .pip_install_from_pyproject(str(ROOT / "pyproject.toml"), extra_options=f"-c {REMOTE_ROOT}/requirements.lock")
+    .env({"HF_HOME": REMOTE_HF, "PYTHONPATH": REMOTE_ROOT, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"})
+    .add_local_python_source("llm_pg", ignore=["**/__pycache__/**", "**/*.pyc"])  # assets (tiny model) included
+    .add_local_dir(ROOT / "configs", f"{REMOTE_ROOT}/configs")
+)
+runs_volume = modal.Volume.from_name(RUNS_VOLUME, create_if_missing=True)
+hf_volume = modal.Volume.from_name(HF_VOLUME, create_if_missing=True)
+app = modal.App(APP_NAME, image=image)
+
+
+def _wandb_secrets() -> list[modal.Secret]:
+    """The W&B secret when it exists (looked up only where Modal credentials are configured), else none."""
+    has_token = os.environ.get("MODAL_TOKEN_ID") or modal.config.config.get("token_id")
+    if not WANDB_SECRET or not modal.is_local() or not has_token:
+        return []
+    secret = modal.Secret.from_name(WANDB_SECRET, required_keys=["WANDB_API_KEY"])
+    try:
+        secret.hydrate()
+    except Exception as error:  # not found, no access, offline: train anyway, W&B offline in the run dir
+        print(f"no Modal secret {WANDB_SECRET!r} ({type(error).__name__}): W&B logs offline inside each run directory")
+        return []
+    return [secret]
+
+
+def _commit_volumes() -> None:
+    runs_volume.commit()
+    hf_volume.commit()
+
+
+@app.function(
+    gpu=GPU,
+    cpu=8.0,
+    memory=65536,
+    timeout=TIMEOUT_S,
+    retries=modal.Retries(max_retries=RETRIES, backoff_coefficient=1.0, initial_delay=30.0),
+    volumes={REMOTE_RUNS: runs_volume, REMOTE_HF: hf_volume},
+    secrets=_wandb_secrets(),
+)
+def train(config: str, overrides: dict[str, Any], run_name: str, seed: int = 0, gpus: int = 1) -> str:
+    """One run on Modal: resumes from the Volume when an earlier attempt left a checkpoint."""
+    return run_fit(config, overrides, run_name, seed, gpus, REMOTE_RUNS, REMOTE_ROOT, _commit_volumes)
+
+
+def _gpu_function(gpus: int):
+    return train if gpus == 1 else train.with_options(gpu=f"{GPU}:{gpus}", cpu=8.0 * gpus, memory=65536 * gpus)
+
+
+def _announce(run_name: str) -> None:
+    print(f"run {run_name}: Volume {RUNS_VOLUME}, path /{run_name} (in the container {REMOTE_RUNS}/{run_name})")
+    print(f"  fetch it: {fetch_command(run_name)}")
+
+
+@app.local_entrypoint()
+def main(*argv: str) -> None:
+    """`modal run [--detach] launch.py --config ... [--override K=V ...] [--seed N] [--run_name NAME] [--gpus N]`"""
+    args = parse_launch_args(argv)
+    if args.local:
+        local(args)
+        return
+    config = repo_config(args.config)
+    _announce(args.run_name)
+    status = _gpu_function(args.gpus).remote(config, args.overrides, args.run_name, args.seed, args.gpus)
+    print(f"{args.run_name}: {status}")
+    _announce(args.run_name)
+
+
+# A sweep is orchestrated by a small container rather than by the local entrypoint: a detached app keeps only
+# the last function a local entrypoint started alive once the terminal goes away. The orchestrator is not
+# preemptible, because a restart would start its runs a second time, racing the first copies.
+@app.function(cpu=0.25, memory=1024, timeout=TIMEOUT_S, nonpreemptible=True)
+def sweep(*argv: str) -> str:
+    """`modal run [--detach] launch.py::sweep --file SWEEP.yaml [--seeds 0,1] [--only a,b] [--gpus N]`: in parallel."""
+    parser = argparse.ArgumentParser(prog="modal run launch.py::sweep")
+    parser.add_argument("--file", required=True, help="sweep YAML, e.g. configs/sweeps/grpo_format_copy_ablation.yaml")
+    parser.add_argument("--seeds", help="comma-separated subset of the sweep's seeds")
+    parser.add_argument("--only", help="comma-separated subset of the sweep's run names")
+    parser.add_argument("--gpus", type=int, default=1)
+    args = parser.parse_args(list(argv))
+    spec = load_sweep(ROOT / repo_config(args.file))
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    runs = select(expand(spec), seeds, args.only.split(",") if args.only else None)
+    repo_config(runs[0].config)  # fail here, not in every run
+    function = _gpu_function(args.gpus)
+    calls = [(run, function.spawn(run.config, dict(run.overrides), run.name, run.seed, args.gpus)) for run in runs]
+    print(f"sweep {spec['name']}: {len(calls)} runs started, in Volume {RUNS_VOLUME} under /{spec['name']}/")
+    failed = []
+    for run, call in calls:
+        try:
+            print(f"{run.name}: {call.get(timeout=TIMEOUT_S)}", flush=True)
+        except Exception as error:  # one failed run must not hide the others' results
+            failed.append(run.name)
+            print(f"{run.name}: FAILED ({type(error).__name__}: {error})", flush=True)
+    summary = f"sweep {spec['name']}: {len(calls) - len(failed)}/{len(calls)} runs finished"
+    print(f"{summary}\n  fetch: {fetch_command(str(spec['name']))}")
+    print(f"  report: llm-pg report runs/{spec['name']} --out reports/{spec['name']}")
+    return summary + (f"; failed: {', '.join(failed)}" if failed else "")
+
+
+@app.function(cpu=2.0, memory=8192, timeout=60 * 60, volumes={REMOTE_RUNS: runs_volume})
+def bundle(*argv: str) -> bytes:
+    """`modal run -w results.zip launch.py::bundle RUN_NAME...`: `llm-pg bundle` of runs on the Volume.
+
+    The zip is returned (`-w` writes it here) and kept on the Volume at /bundles/<--name>.
+    """
+    from llm_pg.bundle import bundle as write_bundle
+
+    parser = argparse.ArgumentParser(prog="modal run -w results.zip launch.py::bundle")
+    parser.add_argument("runs", nargs="+", help="run names on the Volume, e.g. format_copy_grpo")
+    parser.add_argument("--name", default="results.zip", help="file name on the Volume, under /bundles/")
+    args = parser.parse_args(list(argv))
+    runs_volume.reload()  # see runs that finished after this container started
+    path = f"bundles/{Path(args.name).name}"
+    write_bundle([f"{REMOTE_RUNS}/{name}" for name in args.runs], f"{REMOTE_RUNS}/{path}")
+    runs_volume.commit()
+    print(
+        f"bundled {len(args.runs)} runs: Volume {RUNS_VOLUME} /{path}; fetch: modal volume get {RUNS_VOLUME} {path} ."
+    )
+    return Path(REMOTE_RUNS, path).read_bytes()
+
+
+def local(args: argparse.Namespace) -> str:
+    """`--local`: the launch function in this process, run directories under ./runs, no Volumes, no Modal."""
+    start = time.perf_counter()
+    status = run_fit(args.config, args.overrides, args.run_name, args.seed, args.gpus, str(ROOT / "runs"), ROOT)
+    print(f"{args.run_name}: {status} ({(time.perf_counter() - start) / 60:.1f} min), in runs/{args.run_name}")
+    return status
+
+
+if __name__ == "__main__":
+    parsed = parse_launch_args(sys.argv[1:])
+    if not parsed.local:
+        raise SystemExit("python launch.py runs only --local; on Modal: modal run --detach launch.py --config ...")
+    local(parsed)

@@ -1,0 +1,54 @@
+"""The run's loggers: CSV always (`metrics.csv`), W&B unless switched off (offline without an API key)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+from pathlib import Path
+
+from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+
+
+class ResumableCSVLogger(CSVLogger):
+    """A CSVLogger writing `<run dir>/metrics.csv` that, when `resume` is set, keeps the rows already there.
+
+    Lightning's CSVLogger deletes an existing metrics.csv when it starts; a resumed run must append.
+    Iterations replayed after the last checkpoint appear twice; readers keep the later row.
+    """
+
+    def __init__(self, run_dir: str, resume: bool = False) -> None:
+        super().__init__(save_dir=run_dir, name="", version="")
+        self.resume = resume
+
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        if self._experiment is None:
+            path = Path(self.log_dir) / "metrics.csv"
+            kept = path.read_bytes() if self.resume and path.is_file() else None
+            experiment = super().experiment  # creating the writer deletes an existing metrics.csv
+            if kept:
+                path.write_bytes(kept)
+                with path.open(newline="") as f:
+                    experiment.metrics_keys = next(csv.reader(f))
+        return self._experiment
+
+
+def default_loggers(run_dir: str, run_name: str, wandb_project: str | None, resume: bool) -> list[Logger]:
+    """CSV in `run_dir`, plus W&B with a run id fixed by the run name, so a resumed run continues its curves."""
+    loggers: list[Logger] = [ResumableCSVLogger(run_dir, resume=resume)]
+    if wandb_project and os.environ.get("WANDB_MODE") != "disabled":
+        run_id = hashlib.sha1(f"{wandb_project}/{Path(run_dir).resolve()}".encode()).hexdigest()[:16]
+        loggers.append(
+            WandbLogger(
+                project=wandb_project,
+                name=run_name,
+                id=run_id,
+                resume="allow",
+                save_dir=run_dir,
+                offline=not os.environ.get("WANDB_API_KEY"),
+            )
+        )
+    return loggers

@@ -1,0 +1,191 @@
+"""Seeded sweeps: one base config, named override sets, and the seeds every set runs with.
+
+A sweep file is YAML:
+
+    # llm-pg sweep configs/sweeps/tiny_grpo_ablation.yaml
+    base: configs/tiny/format_copy_grpo.yaml   # the config every run starts from (a path from the repo root)
+    seeds: [0, 1]                              # every named run is repeated once per seed
+    overrides:                                 # optional: applied to every run, before the run's own
+      model.init_args.iterations: 20
+    runs:                                      # run name -> overrides; {} runs the base config as it is
+      reference: {}
+      ppo_epochs4: {model.init_args.ppo_epochs: 4}
+      mb8_accum1: {model.init_args.minibatch_size: 8, model.init_args.grad_accum_steps: 1}
+
+Override keys are `llm-pg fit` flags without the dashes (`model.init_args.kl_coef: 0.1` becomes
+`--model.init_args.kl_coef 0.1`); values are YAML (`null`, `true`, numbers, lists). Name each run after
+what it changes. Run `<name>` with seed `s` is the run `<sweep>/<name>_seed<s>`, where `<sweep>` is the
+file's stem (or its `name:` key): it lives in `<runs_root>/<sweep>/<name>_seed<s>/`, so a sweep's runs
+share one folder that `llm-pg report` and `modal volume get` take whole.
+
+    llm-pg sweep FILE [--dry-run] [--runs_root runs] [--seeds 0,1] [--only a,b] [extra `llm-pg fit` flags]
+
+runs them here, one after another, each as its own `llm-pg fit` process: a finished run (it has
+`final/`) is skipped, an interrupted one (it has `checkpoints/last.ckpt`) resumes. On Modal, in parallel:
+`modal run --detach launch.py::sweep --file FILE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")  # one path component, safe in a shell and on W&B
+SWEEP_KEYS = {"name", "base", "seeds", "overrides", "runs"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One `llm-pg fit` invocation: a config, dotted-key overrides, a seed, and the run name (its directory)."""
+
+    name: str
+    config: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+
+    def fit_args(self, runs_root: str = "runs", resume: bool = False) -> list[str]:
+        """The arguments after `llm-pg fit`."""
+        args = ["--config", self.config, *override_args(self.overrides), "--seed", str(self.seed)]
+        args += ["--run_name", self.name, "--runs_root", runs_root]
+        return args + (["--ckpt_path", "last"] if resume else [])
+
+    @property
+    def label(self) -> str:
+        """The run's name in its sweep, without the sweep and the seed: `ppo_epochs4`."""
+        return self.name.split("/")[-1].rsplit("_seed", 1)[0]
+
+
+def cli_value(value: Any) -> str:
+    """A YAML value as the command line spells it: `null`, `true`, `0.1`, `[1, 2]`."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def override_args(overrides: Mapping[str, Any]) -> list[str]:
+    """`{"model.init_args.kl_coef": 0.1}` -> `["--model.init_args.kl_coef", "0.1"]`."""
+    args: list[str] = []
+    for key, value in overrides.items():
+        key = str(key).removeprefix("--")
+        if not key or key.startswith("-") or " " in key:
+            raise ValueError(f"override key {key!r} is not an `llm-pg fit` flag (write e.g. model.init_args.kl_coef)")
+        if key in ("seed", "run_name", "runs_root", "config"):
+            raise ValueError(f"override key {key!r} is set by the sweep itself; use seeds: / the run name instead")
+        args += [f"--{key}", cli_value(value)]
+    return args
+
+
+def is_complete(run_dir: str | Path) -> bool:
+    """A run is finished when the trainer has written its final policy (`final/`, at the end of fit)."""
+    return (Path(run_dir) / "final").is_dir()
+
+
+def resume_flag(run_dir: str | Path) -> list[str]:
+    """`["--ckpt_path", "last"]` when the run has a `last.ckpt` to resume from, else `[]`."""
+    return ["--ckpt_path", "last"] if (Path(run_dir) / "checkpoints" / "last.ckpt").is_file() else []
+
+
+def load_sweep(path: str | Path) -> dict[str, Any]:
+    """Read and check a sweep file; `name` defaults to the file's stem."""
+    path = Path(path)
+    sweep = yaml.safe_load(path.read_text())
+    if not isinstance(sweep, dict):
+        raise ValueError(f"{path}: a sweep file is a mapping with base, seeds and runs")
+    return {"name": path.stem, **sweep}
+
+
+def expand(sweep: Mapping[str, Any]) -> list[Run]:
+    """Every (named run, seed) pair of a sweep, run-major: `[a_seed0, a_seed1, b_seed0, ...]`."""
+    unknown = set(sweep) - SWEEP_KEYS
+    if unknown:
+        raise ValueError(f"unknown sweep keys {sorted(unknown)}; a sweep has {sorted(SWEEP_KEYS)}")
+    for key in ("name", "base", "runs"):
+        if not sweep.get(key):
+            raise ValueError(f"a sweep needs `{key}`")
+    name, seeds = str(sweep["name"]), sweep.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise ValueError(f"seeds must be a non-empty list of integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds repeat: {seeds}")
+    shared = sweep.get("overrides") or {}
+    runs = sweep["runs"]
+    if not isinstance(runs, dict) or not isinstance(shared, dict):
+        raise ValueError("runs is a mapping of run name -> overrides, and overrides a mapping of key -> value")
+    for label in (name, *runs):
+        if not NAME.match(str(label)):
+            raise ValueError(f"name {label!r}: use letters, digits and . _ = + - (it becomes a directory)")
+    expanded = []
+    for label, overrides in runs.items():
+        if overrides is not None and not isinstance(overrides, dict):
+            raise ValueError(f"run {label!r}: overrides must be a mapping of key -> value, got {overrides!r}")
+        merged = {**shared, **(overrides or {})}
+        override_args(merged)  # fail on a bad key now, not an hour into the sweep
+        expanded += [Run(f"{name}/{label}_seed{seed}", str(sweep["base"]), merged, seed) for seed in seeds]
+    return expanded
+
+
+def select(runs: Sequence[Run], seeds: Sequence[int] | None = None, only: Sequence[str] | None = None) -> list[Run]:
+    """The runs whose seed is in `seeds` and whose name (without sweep and seed) is in `only`; None keeps all."""
+    chosen = [r for r in runs if seeds is None or r.seed in seeds]
+    if only is not None:
+        missing = set(only) - {r.label for r in runs}
+        if missing:
+            raise ValueError(f"--only names {sorted(missing)} are not in the sweep ({sorted({r.label for r in runs})})")
+        chosen = [r for r in chosen if r.label in only]
+    return chosen
+
+
+def _csv(text: str | None, kind=str) -> list | None:
+    return None if text is None else [kind(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="llm-pg sweep",
+        description="Run a sweep's runs here, one after another (finished runs are skipped, interrupted ones resume).",
+        epilog="Arguments it does not know are passed to every `llm-pg fit`, e.g. --trainer.accelerator cpu.",
+    )
+    parser.add_argument("file", help="sweep YAML (configs/sweeps/...)")
+    parser.add_argument("--runs_root", default="runs", help="folder that holds the run directories (default: runs)")
+    parser.add_argument("--seeds", help="comma-separated subset of the sweep's seeds, e.g. 0,1")
+    parser.add_argument("--only", help="comma-separated subset of the run names, e.g. reference,kl_coef0.2")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    args, extra = parser.parse_known_args(list(argv))
+    spec = load_sweep(args.file)
+    runs = select(expand(spec), _csv(args.seeds, int), _csv(args.only))
+    if not runs:
+        parser.error(f"--seeds {args.seeds} selects none of the sweep's seeds {spec.get('seeds', [0])}")
+    failed: list[str] = []
+    start = time.perf_counter()
+    for i, run in enumerate(runs, 1):
+        run_dir = Path(args.runs_root) / run.name
+        done, resume = is_complete(run_dir), bool(resume_flag(run_dir))
+        fit_args = [*run.fit_args(args.runs_root, resume), *extra]
+        status = "done, skipped" if done else "resuming" if resume else "new"
+        print(f"[{i}/{len(runs)}] {run.name} ({status})\n  llm-pg fit {shlex.join(fit_args)}", flush=True)
+        if args.dry_run or done:
+            continue
+        if subprocess.run([sys.executable, "-m", "llm_pg.cli", "fit", *fit_args], check=False).returncode != 0:
+            failed.append(run.name)
+    if not args.dry_run:
+        minutes = (time.perf_counter() - start) / 60
+        print(f"sweep: {len(runs) - len(failed)}/{len(runs)} runs finished in {minutes:.1f} min")
+        print(f"report: llm-pg report {Path(args.runs_root) / str(spec['name'])} --out reports/{spec['name']}")
+    if failed:
+        print("failed: " + ", ".join(failed), file=sys.stderr)
+    return 1 if failed else 0

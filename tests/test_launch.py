@@ -1,0 +1,166 @@
+"""launch.py without Modal credentials or network: the app builds, and the command a launch runs is one
+`llm-pg fit` accepts, resuming from `last` exactly when the run has a checkpoint."""
+
+import importlib.util
+import re
+import sys
+from subprocess import Popen
+from types import SimpleNamespace
+from typing import ClassVar
+
+import modal
+import pytest
+import yaml
+from conftest import ROOT
+from jsonargparse import Namespace
+
+
+@pytest.fixture(scope="module")
+def launch():
+    spec = importlib.util.spec_from_file_location("launch", ROOT / "launch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def print_config(argv: list[str], capsys, monkeypatch) -> dict:
+    """What `llm-pg fit` makes of a command line, parsed by the real CLI (nothing is instantiated)."""
+    from llm_pg.cli import run_cli
+
+    monkeypatch.setattr(sys, "argv", ["llm-pg"])
+    assert argv[1:4] == ["-m", "llm_pg.cli", "fit"]
+    args = [str(ROOT / a) if a.startswith("configs/") else a for a in argv[4:]]
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", *args, "--print_config"])
+    assert exit_info.value.code == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_app_builds_with_its_functions_volumes_and_gpu(launch):
+    assert isinstance(launch.app, modal.App)
+    assert isinstance(launch.main, modal.app.LocalEntrypoint)  # the only entrypoint: `modal run launch.py` picks it
+    for function in (launch.train, launch.sweep, launch.bundle):
+        assert isinstance(function, modal.Function)
+    spec = launch.train._spec_  # private, but the one place Modal keeps what the decorator asked for
+    assert spec.gpus == "H100"
+    assert set(spec.volumes) == {"/runs", "/hf-cache"}
+    assert launch.TIMEOUT_S == 24 * 3600 and launch.RETRIES >= 1
+
+
+def test_image_pins_torch_like_the_makefile(launch):
+    assert launch.TORCH in (ROOT / "Makefile").read_text()
+
+
+def test_fit_command_is_what_llm_pg_fit_expects(launch, capsys, monkeypatch):
+    overrides = dict(map(launch.parse_override, ["model.init_args.kl_coef=0.1", "--data.prompts_per_step=4"]))
+    command = launch.fit_command("configs/format_copy/grpo.yaml", overrides, "fc_kl", resume=False, seed=2)
+    config = print_config(command, capsys, monkeypatch)
+    assert config["model"]["class_path"] == "llm_pg.modules.GRPOModule"
+    assert config["model"]["init_args"]["kl_coef"] == 0.1
+    assert config["data"]["prompts_per_step"] == 4
+    assert (config["seed"], config["run_name"], config["runs_root"]) == (2, "fc_kl", "/runs")
+    assert config["ckpt_path"] is None
+    assert config["trainer"]["devices"] == 1 and config["trainer"]["strategy"] == "auto"
+
+
+def test_resumed_multi_gpu_command_adds_last_checkpoint_and_ddp(launch, capsys, monkeypatch):
+    command = launch.fit_command("configs/math_hard/grpo.yaml", {}, "mh", resume=True, gpus=4)
+    config = print_config(command, capsys, monkeypatch)
+    assert config["ckpt_path"] == "last"
+    assert str(config["trainer"]["devices"]) == "4" and config["trainer"]["strategy"] == "ddp"  # Lightning parses "4"
+
+
+def test_default_run_name_matches_the_cli(launch):
+    from llm_pg.cli import _default_run_name
+
+    for config, seed in [("configs/math_hard/grpo.yaml", 0), ("configs/tiny/format_copy_grpo.yaml", 3)]:
+        expected = _default_run_name(Namespace(config=[ROOT / config], seed=seed))
+        assert launch.default_run_name(config, seed) == expected
+    assert launch.default_run_name("configs/math_hard/grpo.yaml", 1) == "math_hard_grpo_seed1"
+
+
+def test_parse_launch_args(launch):
+    args = launch.parse_launch_args(["--config", "configs/math_hard/grpo.yaml", "--override", "a.b=x=y", "--gpus", "2"])
+    assert (args.overrides, args.run_name, args.gpus, args.local) == ({"a.b": "x=y"}, "math_hard_grpo", 2, False)
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        launch.parse_override("model.init_args.kl_coef")
+    with pytest.raises(SystemExit):
+        launch.parse_launch_args(["--config", "c.yaml", "--override", "seed=3"])
+
+
+class FakeChild:
+    """Stands in for the `llm-pg fit` process: records its command, exits with `returncode`."""
+
+    commands: ClassVar[list[list[str]]] = []
+    returncode = 0
+
+    def __init__(self, command, **kwargs):
+        FakeChild.commands.append(command)
+
+    def wait(self, timeout=None):
+        return FakeChild.returncode
+
+    def poll(self):
+        return FakeChild.returncode
+
+
+def test_retry_resumes_from_last_checkpoint_and_a_finished_run_is_left_alone(launch, tmp_path, monkeypatch):
+    monkeypatch.setattr(launch.subprocess, "Popen", FakeChild)
+    FakeChild.commands, commits = [], []
+    run = dict(config="configs/format_copy/grpo.yaml", overrides={}, run_name="fc", runs_root=str(tmp_path))
+    assert launch.run_fit(**run, commit=lambda: commits.append(1)) == "finished"
+    assert "--ckpt_path" not in FakeChild.commands[-1]  # first attempt: nothing to resume
+    (tmp_path / "fc" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "fc" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    FakeChild.returncode = 3  # a crashed attempt raises, so Modal retries the input
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        launch.run_fit(**run, commit=lambda: commits.append(1))
+    assert FakeChild.commands[-1][-2:] == ["--ckpt_path", "last"]
+    assert len(commits) == 2  # the run directory is persisted after every attempt, failed ones included
+    FakeChild.returncode = 0
+    (tmp_path / "fc" / "final").mkdir()
+    assert launch.run_fit(**run) == "already finished"
+    assert len(FakeChild.commands) == 2
+
+
+def test_fetch_command_lands_the_run_under_runs(launch):
+    assert (
+        launch.fetch_command("format_copy_grpo")
+        == "mkdir -p runs && modal volume get llm-pg-runs format_copy_grpo runs"
+    )
+    nested = launch.fetch_command("abl/kl_coef0.2_seed0")
+    assert re.fullmatch(r"mkdir -p runs/abl && modal volume get llm-pg-runs abl/kl_coef0.2_seed0 runs/abl", nested)
+
+
+def test_configs_are_paths_under_configs_from_the_repo_root(launch, tmp_path):
+    assert launch.repo_config(str(ROOT / "configs/format_copy/grpo.yaml")) == "configs/format_copy/grpo.yaml"
+    assert launch.repo_config("configs/../configs/math_hard/grpo.yaml") == "configs/math_hard/grpo.yaml"
+    with pytest.raises(SystemExit, match="under configs/"):
+        launch.repo_config(str(tmp_path / "x.yaml"))
+    with pytest.raises(SystemExit):
+        launch.repo_config("pyproject.toml")
+
+
+def test_no_secret_lookup_without_credentials(launch, monkeypatch):
+    monkeypatch.delenv("MODAL_TOKEN_ID", raising=False)
+    monkeypatch.setattr(launch.modal, "config", SimpleNamespace(config={}))
+    assert launch._wandb_secrets() == []
+
+
+def test_an_interrupted_launch_stops_training_and_still_commits(launch, tmp_path, monkeypatch):
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    monkeypatch.setattr(launch, "fit_command", lambda *args: sleeper)
+    monkeypatch.setattr(launch, "COMMIT_EVERY_S", 0.2)
+    commits = []
+
+    def commit():  # the first periodic commit is where the interrupt (a preemption's SIGINT) lands
+        commits.append(1)
+        if len(commits) == 1:
+            raise KeyboardInterrupt
+
+    started = []
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: started.append(Popen(*a, **k)) or started[-1])
+    with pytest.raises(KeyboardInterrupt):
+        launch.run_fit("configs/format_copy/grpo.yaml", {}, "fc", runs_root=str(tmp_path), cwd=tmp_path, commit=commit)
+    assert started[0].poll() is not None  # the training process is gone
+    assert len(commits) == 2  # and the run directory was committed after it stopped

@@ -1,0 +1,160 @@
+"""`llm-pg report`: its numbers are the CSVs' numbers, seeds group into bands, and the PNGs get written.
+
+The module fixture trains two short real runs through `llm-pg sweep` (one `llm-pg fit` process each; about 15 s
+in all)."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+from conftest import ROOT, SMALL
+
+from llm_pg import report, sweep
+
+
+def write_csv(path, rows: list[dict]) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    columns = sorted({k for row in rows for k in row})
+    with (path / "metrics.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def fake_run(path, em: list[float], reward: list[float], clip: bool = True) -> None:
+    """A run with an eval every 2 iterations and a train row per iteration, as the trainer logs them."""
+    rows = [{"step": 2 * i, "eval/exact_match": v, "time/eval": 1.0} for i, v in enumerate(em)]
+    for step, r in enumerate(reward, 1):
+        row = {"step": step, "train/reward": r, "train/kl": 0.01 * step, "train/grad_norm": 1.0, "time/update": 2.0}
+        rows.append(row | ({"train/clip_fraction": 0.1 * step} if clip else {}))
+    write_csv(path, rows)
+
+
+# ---- fast: synthetic metrics ---------------------------------------------------------------------------
+
+
+def test_summary_reads_final_best_first_crossing_and_times(tmp_path):
+    fake_run(tmp_path / "a", em=[0.1, 0.95, 0.9, 0.85], reward=[0.2, 0.4, 0.6, 0.8, 1.0, 1.2])
+    stats = report.summarize(report.read_run(tmp_path / "a"))
+    assert stats["final_em"] == 0.85 and stats["best_em"] == 0.95
+    assert stats["iters_to_target"] == 2  # the eval at iteration 2 is the first at or above 0.9
+    assert stats["final_reward"] == 1.2 and stats["final_kl"] == pytest.approx(0.06)
+    assert stats["mean_clip"] == pytest.approx(0.35)
+    assert stats["minutes"] == pytest.approx((4 * 1.0 + 6 * 2.0) / 60)
+    assert stats["iterations"] == 6
+
+
+def test_a_run_without_reference_model_has_no_kl(tmp_path):
+    fake_run(tmp_path / "a", em=[0.5], reward=[0.1, 0.2])
+    (tmp_path / "a" / "config.yaml").write_text("model:\n  init_args:\n    kl_coef: 0.0\n")
+    run = report.read_run(tmp_path / "a")
+    assert "train/kl" not in run.series and report.summarize(run)["final_kl"] is None
+
+
+def test_a_step_logged_twice_after_a_resume_keeps_the_later_row(tmp_path):
+    write_csv(tmp_path / "r", [{"step": 1, "train/reward": 0.1}, {"step": 2, "train/reward": 0.2},
+                               {"step": 2, "train/reward": 0.7}])  # fmt: skip
+    steps, values = report.read_run(tmp_path / "r").values("train/reward")
+    assert steps.tolist() == [1, 2] and values.tolist() == [0.1, 0.7]
+
+
+def test_seeds_form_one_group_with_a_min_max_band_and_mean_std_cells(tmp_path):
+    fake_run(tmp_path / "x_seed0", em=[0.0, 0.5, 1.0], reward=[0.0, 0.2, 0.4, 0.6])
+    fake_run(tmp_path / "x_seed1", em=[0.0, 0.3, 0.8], reward=[0.2, 0.4, 0.6, 0.8], clip=False)
+    fake_run(tmp_path / "y", em=[0.0, 0.1, 0.2], reward=[0.0, 0.0, 0.1, 0.1])
+    groups = report.group_runs([report.read_run(tmp_path / n) for n in ("y", "x_seed1", "x_seed0")])
+    assert sorted(groups) == ["x", "y"] and len(groups["x"]) == 2
+    steps, mean, low, high = report.band(groups["x"], "train/reward", window=1)
+    assert steps.tolist() == [1, 2, 3, 4]
+    assert np.allclose(mean, [0.1, 0.3, 0.5, 0.7]) and np.allclose(low, [0, 0.2, 0.4, 0.6])
+    assert np.allclose(high, [0.2, 0.4, 0.6, 0.8])
+    assert report.speed_order(groups) == ["x", "y"]  # x reached 0.9 (one seed); y never did
+    row = next(line for line in report.table(groups).splitlines() if line.startswith("| x |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[:5] == ["x", "2", "4", "0.900 ± 0.100", "0.900 ± 0.100"]
+    assert cells[5] == "4, -"  # iterations to 0.9, per seed
+    assert cells[8] == "0.250 ± 0.000 (1/2)"  # clip fraction: logged by one seed only
+
+
+def test_smoothing_is_a_trailing_mean():
+    assert report.smoothed(np.array([0.0, 2.0, 4.0, 6.0]), 2).tolist() == [0.0, 1.0, 3.0, 5.0]
+    assert report.smoothed(np.array([1.0, 3.0]), 1).tolist() == [1.0, 3.0]
+
+
+def test_markdown_cells_show_tags_and_pipes_as_written():
+    cell = report._md("<answer>7</answer> | x\ny")
+    assert cell == "\\<answer\\>7\\</answer\\> \\| x⏎y"
+
+
+def test_a_folder_of_runs_stands_for_its_runs(tmp_path):
+    fake_run(tmp_path / "sweep" / "a_seed0", em=[0.0], reward=[0.0])
+    fake_run(tmp_path / "sweep" / "b_seed0", em=[0.0], reward=[0.0])
+    assert [p.name for p in report.run_dirs([tmp_path / "sweep"])] == ["a_seed0", "b_seed0"]
+    with pytest.raises(FileNotFoundError):
+        report.run_dirs([tmp_path / "sweep" / "nothing"])
+
+
+# ---- real runs -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, random_model_dir):
+    """Two 3-iteration GRPO runs on a random model with the digit-share task (varied rewards), via `llm-pg sweep`."""
+    root = tmp_path_factory.mktemp("sweep")
+    small = dict(arg.removeprefix("--").split("=", 1) for arg in SMALL)
+    overrides = {
+        "model.init_args.model_name_or_path": random_model_dir,
+        "model.init_args.iterations": 3,
+        "data.task": "conftest.DigitTask",
+        **{k: yaml.safe_load(v) for k, v in small.items()},
+        "model.init_args.eval_every": 2,
+    }
+    spec = {
+        "base": str(ROOT / "configs/tiny/format_copy_grpo.yaml"),
+        "seeds": [0],
+        "overrides": overrides,
+        "runs": {"base": {}, "kl_coef0.5": {"model.init_args.kl_coef": 0.5, "model.init_args.ppo_epochs": 3}},
+    }
+    (root / "mini.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    with pytest.MonkeyPatch.context() as patch:  # the `llm-pg fit` processes import conftest.DigitTask
+        patch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+        patch.setenv("OMP_NUM_THREADS", "1")  # a tiny model gains nothing from threads and loses much on a busy CPU
+        assert sweep.main([str(root / "mini.yaml"), "--runs_root", str(root / "runs")]) == 0
+    return root
+
+
+def csv_rows(run_dir) -> list[dict]:
+    with (run_dir / "metrics.csv").open() as f:
+        return [{k: float(v) for k, v in row.items() if v} for row in csv.DictReader(f)]
+
+
+def test_report_of_real_runs_writes_pngs_and_a_table_matching_the_csvs(swept, tmp_path):
+    runs = swept / "runs" / "mini"
+    assert report.main([str(runs), "--out", str(tmp_path / "report")]) == 0
+    for name in ("overview", "eval_exact_match", "speed", "train_reward", "kl", "clip_fraction", "grad_norm"):
+        png = (tmp_path / "report" / f"{name}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name
+    text = (tmp_path / "report" / "report.md").read_text()
+    for label in ("base", "kl_coef0.5"):
+        rows = csv_rows(runs / f"{label}_seed0")
+        evals = [r["eval/exact_match"] for r in rows if "eval/exact_match" in r]
+        reached = [f"{r['step']:.0f}" for r in rows if r.get("eval/exact_match", 0) >= 0.9]
+        train = [r for r in rows if "train/reward" in r]
+        seconds = sum(r.get(c, 0.0) for r in rows for c in ("time/rollout", "time/update", "time/eval"))
+        last = train[-1]
+        expected = [label, "1", "3", f"{evals[-1]:.3f}", f"{max(evals):.3f}", (reached or ["-"])[0]]
+        expected += [f"{last['train/reward']:.3f}", f"{last['train/kl']:.4f}"]
+        expected += [f"{np.mean([r['train/clip_fraction'] for r in train]):.3f}", f"{seconds / 60:.1f}"]
+        row = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
+        assert [c.strip() for c in row.split("|")[1:-1]] == expected
+        first = json.loads((runs / f"{label}_seed0" / "generations.jsonl").read_text().splitlines()[0])
+        assert f"| {first['reward']:.2f} | {first['advantage']:+.2f} |" in text
+    assert "![overview](overview.png)" in text and "## Sampled generations" in text
+
+
+def test_sweep_again_skips_the_finished_runs(swept, capsys):
+    assert sweep.main([str(swept / "mini.yaml"), "--runs_root", str(swept / "runs")]) == 0
+    assert capsys.readouterr().out.count("(done, skipped)") == 2

@@ -1,0 +1,124 @@
+"""Sweep files: expansion into seeded, named runs; the shipped sweeps parse with the real `llm-pg fit` parser."""
+
+import sys
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from llm_pg.sweep import Run, cli_value, expand, load_sweep, main, override_args, resume_flag, select
+
+SWEEP = {
+    "name": "abl",
+    "base": "configs/tiny/format_copy_grpo.yaml",
+    "seeds": [0, 3],
+    "overrides": {"model.init_args.iterations": 5, "model.init_args.kl_coef": 0.05},
+    "runs": {"reference": {}, "kl_coef0.2": {"model.init_args.kl_coef": 0.2}, "mb4_accum3": None},
+}
+
+
+def test_expand_names_every_run_after_its_overrides_and_seed():
+    runs = expand(SWEEP)
+    assert [r.name for r in runs] == [
+        "abl/reference_seed0",
+        "abl/reference_seed3",
+        "abl/kl_coef0.2_seed0",
+        "abl/kl_coef0.2_seed3",
+        "abl/mb4_accum3_seed0",
+        "abl/mb4_accum3_seed3",
+    ]
+    assert [r.seed for r in runs] == [0, 3] * 3
+    assert {r.config for r in runs} == {"configs/tiny/format_copy_grpo.yaml"}
+    assert runs[0].overrides == {"model.init_args.iterations": 5, "model.init_args.kl_coef": 0.05}
+    assert runs[2].overrides == {"model.init_args.iterations": 5, "model.init_args.kl_coef": 0.2}  # the run's wins
+    assert runs[2].label == "kl_coef0.2"
+
+
+def test_fit_args_spell_overrides_as_cli_flags():
+    run = Run("abl/x_seed1", "c.yaml", {"model.init_args.lora": None, "a.b": True, "c": [1, 2], "d": 1e-3}, seed=1)
+    assert run.fit_args("/runs") == [
+        "--config", "c.yaml",
+        "--model.init_args.lora", "null", "--a.b", "true", "--c", "[1, 2]", "--d", "0.001",
+        "--seed", "1", "--run_name", "abl/x_seed1", "--runs_root", "/runs",
+    ]  # fmt: skip
+    assert run.fit_args("/runs", resume=True)[-2:] == ["--ckpt_path", "last"]
+    assert cli_value(0.05) == "0.05" and cli_value(False) == "false"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seeds": []}, "seeds"),
+        ({"seeds": [1, 1]}, "repeat"),
+        ({"runs": {"bad name": {}}}, "name"),
+        ({"runs": {"a": {"seed": 3}}}, "seed"),
+        ({"runs": {"a": {"-x": 1}}}, "flag"),
+        ({"runs": {"a": 0.1}}, "mapping"),
+        ({"sedes": [0]}, "unknown"),
+        ({"base": None}, "base"),
+    ],
+)
+def test_expand_rejects_mistakes_before_anything_runs(change, message):
+    with pytest.raises(ValueError, match=message):
+        expand({**SWEEP, **change})
+
+
+def test_select_filters_by_seed_and_name():
+    runs = expand(SWEEP)
+    assert [r.name for r in select(runs, seeds=[3], only=["reference", "mb4_accum3"])] == [
+        "abl/reference_seed3",
+        "abl/mb4_accum3_seed3",
+    ]
+    assert select(runs) == runs
+    with pytest.raises(ValueError, match="not in the sweep"):
+        select(runs, only=["nope"])
+
+
+def test_resume_flag_only_with_a_last_checkpoint(tmp_path):
+    assert resume_flag(tmp_path) == []
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert resume_flag(tmp_path) == ["--ckpt_path", "last"]
+
+
+def test_dry_run_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, capsys):
+    sweep_file = tmp_path / "abl.yaml"
+    sweep_file.write_text(yaml.safe_dump({k: v for k, v in SWEEP.items() if k != "name"}))
+    (tmp_path / "runs/abl/reference_seed0/final").mkdir(parents=True)
+    (tmp_path / "runs/abl/reference_seed3/checkpoints").mkdir(parents=True)
+    (tmp_path / "runs/abl/reference_seed3/checkpoints/last.ckpt").write_bytes(b"")
+    assert main([str(sweep_file), "--runs_root", str(tmp_path / "runs"), "--dry-run", "--only", "reference"]) == 0
+    out = capsys.readouterr().out
+    assert "[1/2] abl/reference_seed0 (done, skipped)" in out
+    assert "[2/2] abl/reference_seed3 (resuming)" in out
+    assert out.count("--ckpt_path last") == 1
+
+
+SHIPPED = sorted((ROOT / "configs" / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_sweeps_parse_with_the_real_cli(path, capsys, monkeypatch):
+    from llm_pg.cli import run_cli
+
+    monkeypatch.setattr(sys, "argv", ["llm-pg"])  # LightningCLI warns when it sees pytest's arguments too
+    assert path.read_text().startswith("#"), "a sweep file opens with the command that runs it"
+    sweep = load_sweep(path)
+    runs = expand(sweep)
+    assert len({r.label for r in runs}) >= 5 and len(sweep["seeds"]) >= 1
+    for run in (r for r in runs if r.seed == sweep["seeds"][0]):
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(["fit", *[a if a != run.config else str(ROOT / a) for a in run.fit_args()], "--print_config"])
+        assert exit_info.value.code == 0
+        printed = yaml.safe_load(capsys.readouterr().out)
+        assert printed["run_name"] == run.name
+        for key, value in run.overrides.items():
+            node = printed
+            for part in key.split("."):
+                node = node[part]
+            assert node == value, (run.name, key)
+
+
+def test_override_args_refuses_keys_the_sweep_sets():
+    with pytest.raises(ValueError, match="run_name"):
+        override_args({"run_name": "x"})
