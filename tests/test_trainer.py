@@ -139,3 +139,27 @@ def test_ddp_two_cpu_processes(tmp_path, random_model_dir):
     rows = _metrics(tmp_path / "ddp")
     assert sorted(r["step"] for r in rows if "train/reward" in r) == [1.0, 2.0]
     assert (tmp_path / "ddp" / "checkpoints" / "last.ckpt").exists()
+
+
+def test_lora_trains_only_the_adapter_and_uses_the_base_as_reference(tmp_path, random_model_dir):
+    initial = AutoModelForCausalLM.from_pretrained(random_model_dir).state_dict()
+    cli = fit(
+        tmp_path,
+        random_model_dir,
+        "--model.init_args.iterations=2",
+        "--model.init_args.lora.r=4",
+        "--model.init_args.lora.alpha=8",
+        *DIGITS,
+    )
+    module = cli.model
+    assert module.reference is None  # no second copy: the reference is the base with the adapter disabled
+    trainable = {n for n, p in module.policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    base = module.policy.get_base_model().state_dict()
+    frozen = {n.replace(".base_layer", ""): p for n, p in base.items() if "lora_" not in n}
+    assert all(torch.equal(p, initial[n]) for n, p in frozen.items())  # base weights untouched
+    rows = [r for r in _metrics(tmp_path / "run") if "train/kl" in r]
+    assert rows[-1]["train/kl"] > 0  # the adapter moved the policy away from the (adapter-disabled) reference
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["state_dict"] and all("lora_" in k for k in checkpoint["state_dict"])
+    assert (tmp_path / "run" / "final" / "adapter_model.safetensors").exists()
