@@ -10,7 +10,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-TINY_MODEL = str(Path(__file__).parent / "assets" / "tiny-chat")
+from llm_pg.tiny import TINY_CHAT_DIR
+
+TINY_MODEL = str(TINY_CHAT_DIR)
 
 
 @dataclass
