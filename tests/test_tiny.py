@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -18,6 +19,15 @@ from llm_pg.tiny.pretrain import make_batch, tiny_config
 from llm_pg.tiny.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
 
 TEXTS = ["", "Copy: -999", "héllo wörld", "数学 🙂 ∑x²", "tab\tnew\nline\r\x00\x7f", "<answer>7</answer>", " " * 5]
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny matrices: one thread is nearly as fast as two, and far faster when other jobs share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +144,14 @@ def test_pretraining_few_steps_lowers_the_loss(tokenizer, tmp_path):
         before = sum(initial(**b).loss.item() for b in batches)
         after = sum(trained(**b).loss.item() for b in batches)
     assert after < 0.5 * before, (before, after)
+
+
+def test_pretraining_stops_at_the_time_budget(tmp_path):
+    small = ["--hidden-size", "32", "--layers", "2", "--heads", "2", "--batch-size", "8", "--eval-every", "0"]
+    start = time.monotonic()
+    assert pretrain_main([*small, "--steps", "1000000", "--minutes", "0.001", "--out", str(tmp_path)]) == 0
+    assert time.monotonic() - start < 20
+    assert (tmp_path / "model.safetensors").exists()
 
 
 def test_pass_at_k_matches_hand_counts():
