@@ -99,7 +99,7 @@ def generate(
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
     eos = eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    sampling = {} if greedy else {"temperature": temperature, "top_p": top_p}
+    sampling = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": 0}
     was_training = model.training
     model.eval()
     devices = [device.index or 0] if device.type == "cuda" else []
@@ -112,7 +112,6 @@ def generate(
             do_sample=not greedy,
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
-            top_k=0,
             repetition_penalty=1.0,
             num_beams=1,
             eos_token_id=eos,
