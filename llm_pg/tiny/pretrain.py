@@ -13,9 +13,9 @@ the latest of them is copied to `--out`. The committed checkpoint was made with
 
     python -m llm_pg.tiny.pretrain --out llm_pg/assets/tiny-chat --threads 1
 
-(one thread, because other jobs shared the two cores: 26 minutes; a rerun gave identical weights). On an
-idle 2-core machine the default two threads take about 0.32 s a step: 13 minutes for the 2,500 steps and
-2 more for the 16 evaluations.
+(one thread, because other jobs shared the two cores: 26 minutes; a rerun gave identical weights). With the
+default two threads it took 18.4 minutes on a partly shared 2-core machine (about 0.32 s a step when idle)
+and also met the targets, with slightly different weights.
 """
 
 from __future__ import annotations
