@@ -76,6 +76,23 @@ def approx_kl(logp: Tensor, ref_logp: Tensor, clamp: float = 20.0) -> Tensor:
     return torch.exp(d) - d - 1.0
 
 
+SETTLED_RTOL = 1e-6  # rewards closer than this (relative to max(1, |r|)) are "equal": float noise, not signal
+
+
+def settled_groups(rewards: Tensor, group_size: int) -> Tensor:
+    """`[N/G]` bool: True for each contiguous group whose rewards are all equal up to float noise.
+
+    Such a group carries no learning signal: its advantages are exactly 0 (`group_advantages`), it counts in
+    `train/frac_zero_std_groups`. "Equal" is `max - min <= SETTLED_RTOL * max(1, max |r|)`, a test that
+    rounding cannot fail: six rewards of 1.3 have a float32 mean that is off by ~1e-7, whose std, divided by
+    `std + eps` with eps 1e-6, would otherwise become advantages of +-0.1.
+    """
+    grouped = rewards.detach().double().view(-1, group_size)  # [N/G, G]
+    spread = grouped.amax(dim=1) - grouped.amin(dim=1)
+    scale = grouped.abs().amax(dim=1).clamp(min=1.0)
+    return spread <= SETTLED_RTOL * scale
+
+
 def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, normalize_std: bool = True) -> Tensor:
     """Group-normalised advantages `A = (r - mean_g) / (std_g + eps)` over contiguous groups.
 
@@ -85,17 +102,20 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, normal
         normalize_std: divide by the population std (`unbiased=False`); if False, `r - mean` only.
 
     Returns:
-        `[N]`; a group of equal rewards gets exactly zero advantage.
+        `[N]` float32. A settled group (all rewards equal up to float noise, `settled_groups`) gets exactly 0
+        for any reward values. Mean and std are computed in float64, so a group that differs by a little
+        (0.1 vs 0.2) is not distorted by float32 rounding either.
     """
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 to normalise within a group, got {group_size}")
     if rewards.ndim != 1 or rewards.numel() % group_size != 0:
         raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size}")
-    grouped = rewards.float().view(-1, group_size)  # [N/G, G]
+    grouped = rewards.double().view(-1, group_size)  # [N/G, G]
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_std:
         centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
-    return centered.view(-1)
+    centered = torch.where(settled_groups(rewards, group_size).unsqueeze(1), 0.0, centered)
+    return centered.float().view(-1)
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from llm_pg.data.tasks.base import Score
 from llm_pg.generation import eos_token_ids, generate
-from llm_pg.losses import completion_mask, group_advantages
+from llm_pg.losses import completion_mask, group_advantages, settled_groups
 
 
 def derive_seed(*parts: object) -> int:
@@ -149,7 +149,7 @@ def rollout_metrics(rollout: RolloutBatch, scores: list[Score], group_size: int,
     metrics = {
         "train/reward": rewards.mean().item(),
         "train/reward_std": rewards.std(unbiased=False).item(),
-        "train/frac_zero_std_groups": (rewards.view(-1, group_size).std(1) == 0).float().mean().item(),
+        "train/frac_zero_std_groups": settled_groups(rewards, group_size).float().mean().item(),
         "train/completion_len": lengths.mean().item(),
         "train/truncated_frac": truncated.float().mean().item(),
         "train/accuracy": sum(s.correct for s in scores) / len(scores),

@@ -12,6 +12,7 @@ from llm_pg.losses import (
     grpo_loss,
     masked_mean,
     reinforce_loss,
+    settled_groups,
     token_logprobs,
 )
 
@@ -114,6 +115,53 @@ def test_group_advantages_by_hand():
     torch.testing.assert_close(
         group_advantages(torch.tensor([1.0, 3.0, 5.0, 5.0]), 2, normalize_std=False), torch.tensor([-1.0, 1.0, 0, 0])
     )
+
+
+# The rewards the tasks really produce: format_copy 1.3 / 1.2 / 0.3 / 0.2 / 0.1, math_hard 1.1 / 0.1. In float32
+# their group mean is off by ~1e-7 for some group sizes, which divided by std + eps (eps 1e-6) used to become
+# advantages of about +-0.1 for a group that carries no signal at all.
+TASK_REWARDS = [1.3, 1.2, 1.1, 0.3, 0.2, 0.1]
+
+
+@pytest.mark.parametrize("group_size", [4, 6, 8])
+@pytest.mark.parametrize("value", TASK_REWARDS)
+def test_settled_group_gets_exactly_zero_advantage(value, group_size):
+    rewards = torch.full((group_size,), value)  # float32, as the rollout builds them
+    assert group_advantages(rewards, group_size).tolist() == [0.0] * group_size
+    assert group_advantages(rewards, group_size, normalize_std=False).tolist() == [0.0] * group_size
+    assert settled_groups(rewards, group_size).tolist() == [True]
+
+
+@pytest.mark.parametrize("group_size", [4, 6, 8])
+def test_settled_groups_mixed_with_informative_ones(group_size):
+    # Group 0 settled at 1.3, group 1 informative (one 1.3 among 0.3s), group 2 settled at 0.2,
+    # group 3 informative (half 1.2, half 0.1).
+    half = group_size // 2
+    groups = [
+        [1.3] * group_size,
+        [1.3] + [0.3] * (group_size - 1),
+        [0.2] * group_size,
+        [1.2] * half + [0.1] * half,
+    ]
+    rewards = torch.tensor([r for g in groups for r in g])
+    adv = group_advantages(rewards, group_size).view(4, group_size)
+    assert adv[0].tolist() == [0.0] * group_size and adv[2].tolist() == [0.0] * group_size
+    assert settled_groups(rewards, group_size).tolist() == [True, False, True, False]
+    # Group 1 by hand: one reward 1.0 above the others; mean m = 0.3 + 1/G, population std
+    # s = sqrt((G-1)/G^2) = sqrt(G-1)/G, so A_0 = (1 - 1/G) / s = sqrt(G-1) and A_j = -(1/G) / s = -1/sqrt(G-1).
+    root = (group_size - 1) ** 0.5
+    expected = torch.tensor([root] + [-1 / root] * (group_size - 1))
+    torch.testing.assert_close(adv[1], expected, atol=1e-5, rtol=0)
+    # Group 3 by hand: two values 1.1 apart, half each: mean in the middle, std 0.55, so A = +-1.
+    torch.testing.assert_close(adv[3], torch.tensor([1.0] * half + [-1.0] * half), atol=1e-5, rtol=0)
+
+
+def test_nearly_equal_rewards_are_not_settled():
+    # A real difference far above float noise stays signal: [0.5, 0.5001] is not a settled group.
+    rewards = torch.tensor([0.5, 0.5001])
+    assert settled_groups(rewards, 2).tolist() == [False]
+    # std 5e-5 against eps 1e-6: A = +-5e-5 / (5e-5 + 1e-6) = +-0.980
+    torch.testing.assert_close(group_advantages(rewards, 2), torch.tensor([-0.9804, 0.9804]), atol=1e-3, rtol=0)
 
 
 def test_group_advantages_bad_group_size():

@@ -75,3 +75,25 @@ def test_misaligned_fields_are_rejected():
         )
     with pytest.raises(ValueError, match="minibatch_size"):
         next(_batch().minibatches(0))
+
+
+def test_frac_zero_std_groups_counts_settled_groups_with_real_reward_values():
+    from llm_pg.data.tasks.base import Score
+    from llm_pg.rollout import rollout_metrics
+
+    # Three groups of 6: settled at 1.3, settled at 0.2, informative. The old test `std == 0` missed the
+    # first, whose float32 std is ~1e-7, not 0.
+    values = [1.3] * 6 + [0.2] * 6 + [1.3, 0.3, 0.3, 0.3, 0.3, 0.3]
+    n = len(values)
+    ids = torch.zeros(n, 4, dtype=torch.long)
+    rollout = RolloutBatch(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        completion_mask=torch.ones(n, 2, dtype=torch.bool),
+        rewards=torch.tensor(values),
+        advantages=torch.zeros(n),
+        prompt_len=2,
+    )
+    scores = [Score(total=v, correct=v > 1, components={"correct": float(v > 1)}) for v in values]
+    metrics = rollout_metrics(rollout, scores, group_size=6, eos=[1])
+    assert metrics["train/frac_zero_std_groups"] == pytest.approx(2 / 3)
