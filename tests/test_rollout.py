@@ -79,11 +79,14 @@ def test_misaligned_fields_are_rejected():
 
 def test_frac_zero_std_groups_counts_settled_groups_with_real_reward_values():
     from llm_pg.data.tasks.base import Score
+    from llm_pg.losses import group_advantages
     from llm_pg.rollout import rollout_metrics
 
-    # Three groups of 6: settled at 1.3, settled at 0.2, informative. The old test `std == 0` missed the
-    # first, whose float32 std is ~1e-7, not 0.
-    values = [1.3] * 6 + [0.2] * 6 + [1.3, 0.3, 0.3, 0.3, 0.3, 0.3]
+    # Three groups of 6: settled at 1.3 but one reward an ulp above the others (the same total summed in
+    # another order), settled at 0.2, informative. The old test `std == 0` missed the first: the same
+    # rollout got advantages of about +-2 there, and 1/3 where 2/3 was right.
+    ulp_above = torch.nextafter(torch.tensor(1.3), torch.tensor(2.0)).item()
+    values = [1.3] * 5 + [ulp_above] + [0.2] * 6 + [1.3, 0.3, 0.3, 0.3, 0.3, 0.3]
     n = len(values)
     ids = torch.zeros(n, 4, dtype=torch.long)
     rollout = RolloutBatch(
@@ -97,3 +100,4 @@ def test_frac_zero_std_groups_counts_settled_groups_with_real_reward_values():
     scores = [Score(total=v, correct=v > 1, components={"correct": float(v > 1)}) for v in values]
     metrics = rollout_metrics(rollout, scores, group_size=6, eos=[1])
     assert metrics["train/frac_zero_std_groups"] == pytest.approx(2 / 3)
+    assert group_advantages(rollout.rewards, 6)[:12].tolist() == [0.0] * 12
