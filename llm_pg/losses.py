@@ -76,6 +76,9 @@ def approx_kl(logp: Tensor, ref_logp: Tensor, clamp: float = 20.0) -> Tensor:
     return torch.exp(d) - d - 1.0
 
 
+ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+LOSS_AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+RATIO_LEVELS = ("token", "sequence")
 SETTLED_RTOL = 1e-6  # rewards closer than this (relative to max(1, |r|)) are "equal": float noise, not signal
 
 
@@ -126,6 +129,55 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return total / count.clamp(min=1.0)
 
 
+def advantages(rewards: Tensor, group_size: int, estimator: str = "grpo", eps: float = 1e-6) -> Tensor:
+    """Per-completion advantages `[N]` from rewards `[N]` (contiguous groups of `group_size`).
+
+    - `grpo` (course default; Shao et al. 2024): `(r - mean_g) / (std_g + eps)`, `group_advantages`.
+    - `dr_grpo` (Liu et al. 2025, "Understanding R1-Zero-like training"): `r - mean_g`, no std division.
+    - `rloo` (Ahmadian et al. 2024): `r - mean of the other G-1 rewards` = `G / (G-1) * (r - mean_g)`.
+    - `reinforce_pp` (Hu 2025, REINFORCE++ with a group baseline): `c = r - mean_g`, then
+      `c / (std over all N of c + eps)` (population std of the whole batch).
+    Settled groups get exactly 0 under every estimator.
+    """
+    if estimator == "grpo":
+        return group_advantages(rewards, group_size, eps)
+    centered = group_advantages(rewards, group_size, normalize_std=False)  # [N], settled groups exactly 0
+    if estimator == "dr_grpo":
+        return centered
+    if estimator == "rloo":
+        return centered * (group_size / (group_size - 1))
+    if estimator == "reinforce_pp":
+        return (centered.double() / (centered.double().std(unbiased=False) + eps)).float()
+    raise ValueError(f"advantage estimator must be one of {ADVANTAGE_ESTIMATORS}, got {estimator!r}")
+
+
+def aggregate(
+    values: Tensor,
+    mask: Tensor,
+    mode: str = "seq_mean_token_mean",
+    max_new_tokens: int | None = None,
+    num_tokens: float | Tensor | None = None,
+) -> Tensor:
+    """Reduce per-token values `[B, C]` to a scalar over the completion tokens `mask`.
+
+    - `seq_mean_token_mean` (course default): `mean_i( sum_t m_it v_it / |y_i| )`.
+    - `token_mean` (DAPO, Yu et al. 2025): `sum_it m_it v_it / num_tokens`, `num_tokens` = the completion
+      tokens of the whole optimizer step (default: of this micro-batch), so accumulated micro-batches add up
+      to one mean over every token of the step.
+    - `seq_mean_token_sum_norm` (Dr. GRPO): `mean_i( sum_t m_it v_it / max_new_tokens )`.
+    """
+    if mode == "seq_mean_token_mean":
+        return masked_mean(values, mask, dim=1).mean()
+    if mode == "token_mean":
+        total = (values * mask.to(values.dtype)).sum()
+        return total / (mask.sum().clamp(min=1) if num_tokens is None else num_tokens)
+    if mode == "seq_mean_token_sum_norm":
+        if max_new_tokens is None:
+            raise ValueError("aggregation 'seq_mean_token_sum_norm' needs max_new_tokens")
+        return ((values * mask.to(values.dtype)).sum(dim=1) / max_new_tokens).mean()
+    raise ValueError(f"loss aggregation must be one of {LOSS_AGGREGATIONS}, got {mode!r}")
+
+
 def _kl_term(logp: Tensor, ref_logp: Tensor | None, mask: Tensor, kl_coef: float) -> tuple[Tensor, Tensor]:
     """`(kl_coef * tokmean(approx_kl), tokmean(approx_kl))`, zeros without a reference."""
     if ref_logp is None:
@@ -136,20 +188,33 @@ def _kl_term(logp: Tensor, ref_logp: Tensor | None, mask: Tensor, kl_coef: float
 
 
 def reinforce_loss(
-    logp: Tensor, mask: Tensor, advantages: Tensor, ref_logp: Tensor | None = None, kl_coef: float = 0.0
+    logp: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    ref_logp: Tensor | None = None,
+    kl_coef: float = 0.0,
+    aggregation: str = "seq_mean_token_mean",
+    max_new_tokens: int | None = None,
+    num_tokens: float | Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """GR-REINFORCE: `loss = -mean_i(A_i * seqmean_i(logp)) + kl_coef * tokmean(approx_kl)`.
+    """GR-REINFORCE: `loss = -aggregate(A_i * logp_it) + kl_coef * tokmean(approx_kl)`.
+
+    With the default aggregation that is `-mean_i(A_i * seqmean_i(logp))`.
 
     Args:
         logp: `[B, C]` log pi_theta of the sampled completion tokens (with grad).
         mask: `[B, C]` completion mask.
         advantages: `[B]`.
         ref_logp: `[B, C]` log pi_ref, or None for no KL term.
+        aggregation, max_new_tokens, num_tokens: see `aggregate`.
 
     Returns:
         The scalar loss and detached stats `policy_loss`, `kl`.
     """
-    policy_loss = -(advantages * masked_mean(logp, mask, dim=1)).mean()
+    if aggregation == "seq_mean_token_mean":  # the same value, in the course's order of operations
+        policy_loss = -(advantages * masked_mean(logp, mask, dim=1)).mean()
+    else:
+        policy_loss = -aggregate(advantages.unsqueeze(1) * logp, mask, aggregation, max_new_tokens, num_tokens)
     kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef)
     return policy_loss + kl_loss, {"policy_loss": policy_loss.detach(), "kl": kl.detach()}
 
@@ -162,25 +227,40 @@ def grpo_loss(
     ref_logp: Tensor | None = None,
     clip_eps: float = 0.2,
     kl_coef: float = 0.0,
+    clip_eps_high: float | None = None,
+    ratio_level: str = "token",
+    aggregation: str = "seq_mean_token_mean",
+    max_new_tokens: int | None = None,
+    num_tokens: float | Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """GRPO's clipped surrogate with per-token ratio `rho = exp(logp - old_logp)`:
+    """GRPO's clipped surrogate:
 
-    `loss = -mean_i(seqmean_i(min(rho*A_i, clip(rho, 1-eps, 1+eps)*A_i))) + kl_coef * tokmean(approx_kl)`.
+    `loss = -aggregate(min(rho*A_i, clip(rho, 1-eps, 1+eps_high)*A_i)) + kl_coef * tokmean(approx_kl)`, with
+    `rho_it = exp(logp_it - old_logp_it)` (`ratio_level="token"`, default) or the GSPO sequence ratio
+    `rho_i = exp(seqmean_i(logp - old_logp))` broadcast over row i's tokens (`"sequence"`; Zheng et al. 2025).
+    `eps_high = clip_eps_high` (DAPO's clip-higher), default `clip_eps`.
 
     Args:
         logp, old_logp: `[B, C]` log-probs under the current and the sampling policy.
         mask: `[B, C]`; advantages: `[B]`; ref_logp: `[B, C]` or None.
+        aggregation, max_new_tokens, num_tokens: see `aggregate`.
 
     Returns:
         The scalar loss and detached stats `policy_loss`, `kl`, `clip_fraction` (share of completion
         tokens whose gradient the clip removes), `ratio_max`, `ratio_mean`.
     """
-    rho = torch.exp((logp - old_logp).clamp(-20.0, 20.0))  # [B, C]
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, C]
+    if ratio_level == "sequence":
+        log_ratio = masked_mean(log_ratio, mask, dim=1).unsqueeze(1).expand_as(logp)  # [B, C], one per row
+    elif ratio_level != "token":
+        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+    rho = torch.exp(log_ratio)
     adv = advantages.unsqueeze(1)  # [B, 1]
-    surrogate = torch.minimum(rho * adv, rho.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv)
-    policy_loss = -masked_mean(surrogate, mask, dim=1).mean()
+    surrogate = torch.minimum(rho * adv, rho.clamp(1.0 - clip_eps, 1.0 + high) * adv)
+    policy_loss = -aggregate(surrogate, mask, aggregation, max_new_tokens, num_tokens)
     kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef)
-    clipped = ((rho > 1.0 + clip_eps) & (adv > 0)) | ((rho < 1.0 - clip_eps) & (adv < 0))
+    clipped = ((rho > 1.0 + high) & (adv > 0)) | ((rho < 1.0 - clip_eps) & (adv < 0))
     rho_kept = rho.detach()[mask]
     stats = {
         "policy_loss": policy_loss.detach(),

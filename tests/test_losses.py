@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from llm_pg.losses import (
+    advantages,
+    aggregate,
     approx_kl,
     completion_mask,
     group_advantages,
@@ -270,3 +272,113 @@ def test_gradient_accumulation_equals_full_batch(ragged):
     torch.testing.assert_close(accumulated, g_full)
     # Dividing by the number of micro-batches matters: the plain sum is three times too large.
     assert not torch.allclose(accumulated * 3, g_full)
+
+
+# ---- variants (issue 12): estimators, aggregation, sequence ratio, clip-higher ---------------------------
+
+
+def test_advantage_estimators_by_hand():
+    # One group of 4: r = [1.3, 0.3, 0.3, 0.1]; mean 0.5, r - mean = [0.8, -0.2, -0.2, -0.4].
+    # Population std = sqrt((0.64 + 0.04 + 0.04 + 0.16) / 4) = sqrt(0.22) = 0.469042.
+    # A second group settled at 1.2 is 0 under every estimator.
+    rewards = torch.tensor([1.3, 0.3, 0.3, 0.1, 1.2, 1.2, 1.2, 1.2])
+    centered = [0.8, -0.2, -0.2, -0.4]
+    expected = {
+        "grpo": [c / (0.22**0.5 + 1e-6) for c in centered],
+        "dr_grpo": centered,
+        # RLOO: 1.3 - mean(0.3, 0.3, 0.1) = 1.3 - 0.2333 = 1.0667 = 4/3 * 0.8; 0.3 - mean(1.3, 0.3, 0.1) = -0.2667.
+        "rloo": [1.3 - 0.7 / 3, 0.3 - 1.7 / 3, 0.3 - 1.7 / 3, 0.1 - 1.9 / 3],
+        # REINFORCE++: centered over all 8 rows (the settled ones are 0): std = sqrt(0.88 / 8) = 0.331662.
+        "reinforce_pp": [c / ((0.88 / 8) ** 0.5 + 1e-6) for c in centered],
+    }
+    for estimator, first_group in expected.items():
+        adv = advantages(rewards, 4, estimator)
+        torch.testing.assert_close(adv[:4], torch.tensor(first_group), atol=1e-5, rtol=0, msg=estimator)
+        assert adv[4:].tolist() == [0.0] * 4, estimator
+    with pytest.raises(ValueError, match="rloo"):
+        advantages(rewards, 4, "ppo")
+
+
+def test_aggregations_by_hand():
+    # Row 0: values [1, 2, (9)] with 2 tokens; row 1: [4, (9), (9)] with 1 token.
+    values = torch.tensor([[1.0, 2.0, 9.0], [4.0, 9.0, 9.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    # seq_mean_token_mean: mean(1.5, 4) = 2.75. token_mean: (1 + 2 + 4) / 3 = 7/3.
+    # seq_mean_token_sum_norm with max_new_tokens 4: mean(3/4, 4/4) = 0.875.
+    assert aggregate(values, mask).item() == pytest.approx(2.75)
+    assert aggregate(values, mask, "token_mean").item() == pytest.approx(7 / 3)
+    assert aggregate(values, mask, "token_mean", num_tokens=7).item() == pytest.approx(1.0)
+    assert aggregate(values, mask, "seq_mean_token_sum_norm", max_new_tokens=4).item() == pytest.approx(0.875)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        aggregate(values, mask, "seq_mean_token_sum_norm")
+    with pytest.raises(ValueError, match="token_mean"):
+        aggregate(values, mask, "sum")
+
+
+def test_reinforce_token_mean_by_hand():
+    # Row 0: A = 1, logp [-1, -3]; row 1: A = -0.5, logp [-4]. token_mean of A*logp: (-1 - 3 + 2) / 3 = -2/3.
+    logp = torch.tensor([[-1.0, -3.0, -7.0], [-4.0, -9.0, -9.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    loss, _ = reinforce_loss(logp, mask, torch.tensor([1.0, -0.5]), aggregation="token_mean")
+    torch.testing.assert_close(loss, torch.tensor(2 / 3))
+
+
+def test_clip_eps_high_equal_to_clip_eps_reproduces_the_symmetric_loss_exactly():
+    logp, ref, mask, adv = _random_rollout(3)
+    old = logp.detach() + 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(0))
+    base, base_stats = grpo_loss(logp, old, mask, adv, ref, clip_eps=0.2, kl_coef=0.05)
+    same, same_stats = grpo_loss(logp, old, mask, adv, ref, clip_eps=0.2, kl_coef=0.05, clip_eps_high=0.2)
+    assert same.item() == base.item()
+    assert same_stats["clip_fraction"].item() == base_stats["clip_fraction"].item()
+
+
+def test_clip_higher_by_hand():
+    # rho = 1.25 with A = +1: clip(1.25, 0.8, 1.2) = 1.2 (clipped), but with eps_high 0.28, clip(1.25, 0.8, 1.28)
+    # = 1.25 (kept). Surrogate 1.2 vs 1.25.
+    logp = torch.log(torch.tensor([[1.25]]))
+    old = torch.zeros(1, 1)
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    loss, stats = grpo_loss(logp, old, mask, torch.tensor([1.0]), clip_eps=0.2)
+    assert loss.item() == pytest.approx(-1.2) and stats["clip_fraction"].item() == 1.0
+    loss, stats = grpo_loss(logp, old, mask, torch.tensor([1.0]), clip_eps=0.2, clip_eps_high=0.28)
+    assert loss.item() == pytest.approx(-1.25) and stats["clip_fraction"].item() == 0.0
+
+
+def test_sequence_ratio_by_hand_and_equal_to_token_ratio_for_one_token():
+    # Row 0 has log-ratios [log 1.5, log 0.5]: one sequence ratio exp((log 1.5 + log 0.5) / 2) = sqrt(0.75) = 0.866,
+    # inside [0.8, 1.2], so with A = 1 the surrogate is 0.866 on both tokens and nothing is clipped.
+    logp = torch.log(torch.tensor([[1.5, 0.5]]))
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss, stats = grpo_loss(logp, torch.zeros(1, 2), mask, torch.tensor([1.0]), ratio_level="sequence")
+    assert loss.item() == pytest.approx(-(0.75**0.5))
+    assert stats["clip_fraction"].item() == 0.0
+    # With one token per completion the sequence ratio is the token ratio: same loss and same gradient.
+    logp, ref, _, adv = _random_rollout(4, rows=4, cols=1)
+    old = logp.detach() + torch.tensor([[0.3], [-0.3], [0.05], [-0.5]])
+    one = torch.ones(4, 1, dtype=torch.bool)
+    token, _ = grpo_loss(logp, old, one, adv, ref, kl_coef=0.1)
+    (g_token,) = torch.autograd.grad(token, logp)
+    sequence, _ = grpo_loss(logp, old, one, adv, ref, kl_coef=0.1, ratio_level="sequence")
+    (g_sequence,) = torch.autograd.grad(sequence, logp)
+    torch.testing.assert_close(sequence, token)
+    torch.testing.assert_close(g_sequence, g_token)
+
+
+def test_token_mean_under_accumulation_equals_one_big_micro_batch():
+    # float64: the step's gradient with token_mean is the mean over every token of the step, whichever way the
+    # rows are split into micro-batches, when each micro-batch divides by the step's token count.
+    logp, ref, mask, adv = _random_rollout(5, rows=6, cols=5)
+    logp = logp.detach().double().requires_grad_(True)
+    ref, old = ref.double(), logp.detach() - 0.1
+    step_tokens = mask.sum()
+    full, _ = grpo_loss(logp, old, mask, adv.double(), aggregation="token_mean")
+    (g_full,) = torch.autograd.grad(full, logp)
+    g_acc = torch.zeros_like(logp)
+    for rows in (slice(0, 2), slice(2, 5), slice(5, 6)):  # uneven micro-batches with uneven token counts
+        part = logp[rows].detach().requires_grad_(True)
+        loss, _ = grpo_loss(
+            part, old[rows], mask[rows], adv[rows].double(), aggregation="token_mean", num_tokens=step_tokens
+        )
+        (g_part,) = torch.autograd.grad(loss, part)
+        g_acc[rows] = g_part
+    torch.testing.assert_close(g_acc, g_full, rtol=1e-12, atol=1e-12)
