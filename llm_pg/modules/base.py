@@ -167,7 +167,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
 
     def configure_callbacks(self):
         from llm_pg.callbacks import EvalCallback, GenerationsCallback
-        from llm_pg.rollout import RolloutCallback
+        from llm_pg.callbacks.rollout import RolloutCallback
 
         return [RolloutCallback(), EvalCallback(), GenerationsCallback()]
 
