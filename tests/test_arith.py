@@ -40,8 +40,10 @@ def test_ideal_completion_scores_like_math_hard():
     task = ArithTask()
     example = task.eval_examples[0]
     result = task.score(f"\\boxed{{{example.answer}}}", example)
-    assert result.correct and result.total == pytest.approx(1.2)
-    assert task.components == ("correct", "boxed", "numeric", "relaxed")
+    assert result.correct and result.total == 0.1 + 1.0  # boxed literal, then correct: the course's 1.1
+    assert result.components == {"correct": 1.0, "boxed": 0.1, "relaxed": 0.0}
+    assert task.components == ("correct", "boxed", "relaxed")
+    assert task.score(f"it is {example.answer}", example).total == 0.1  # the relaxed last-number bonus
     assert task.eval_metrics([f"\\boxed{{{example.answer}}}"], [example])["exact_match"] == 1.0
 
 

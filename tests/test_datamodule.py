@@ -58,6 +58,17 @@ def test_val_dataloader_serves_the_eval_set_in_lists():
     assert [e for b in batches for e in b] == task.eval_examples
 
 
+def test_run_seed_reaches_the_task_eval_set():
+    """format_copy's eval set is the course's: drawn with the run's seed + 123 unless eval_seed is given."""
+    task = FormatCopyTask()
+    assert [e.answer for e in task.eval_examples[:2]] == ["-4143", "-615"]  # unbound: seed 0, eval seed 123
+    PromptGroupDataModule(task, seed=5)
+    assert [e.answer for e in task.eval_examples[:2]] == ["-1123", "1646"]  # eval seed 128 (course's values)
+    pinned = FormatCopyTask(eval_seed=123)
+    PromptGroupDataModule(pinned, seed=5)
+    assert [e.answer for e in pinned.eval_examples[:2]] == ["-4143", "-615"]
+
+
 @pytest.mark.parametrize(("key", "value"), [("prompts_per_step", 0), ("eval_batch_size", 0)])
 def test_invalid_arguments_name_the_key(key, value):
     with pytest.raises(ValueError, match=f"{key} must be >= 1"):

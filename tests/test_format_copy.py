@@ -16,27 +16,30 @@ from llm_pg.data.tasks.format_copy import SYSTEM_PROMPT, score
         ("Sure! <answer>42</answer>", {"correct": 1.0, "tags": 0.2, "clean": 0.0}),
         ("<answer>42</answer> done", {"correct": 1.0, "tags": 0.2, "clean": 0.0}),
         ("<answer>43</answer>", {"correct": 0.0, "tags": 0.2, "clean": 0.1}),
-        ("<answer>42.0</answer>", {"correct": 0.0, "tags": 0.2, "clean": 0.1}),  # copy the integer exactly
-        ("<answer>the number 42</answer>", {"correct": 0.0, "tags": 0.2, "clean": 0.1}),
-        ("<answer>42</answer><answer>42</answer>", {"correct": 1.0, "tags": 0.0, "clean": 0.0}),
+        ("<answer>42.0</answer>", {"correct": 1.0, "tags": 0.2, "clean": 0.1}),  # numbers compare as floats
+        ("<answer>The answer is 42</answer>", {"correct": 1.0, "tags": 0.2, "clean": 0.1}),  # last number
+        ("<answer>42 or 43</answer>", {"correct": 0.0, "tags": 0.2, "clean": 0.1}),
+        ("<ANSWER>42</Answer>", {"correct": 1.0, "tags": 0.2, "clean": 0.1}),  # tags are case-insensitive
+        ("<think>41?</think> <answer>42</answer>", {"correct": 1.0, "tags": 0.2, "clean": 0.1}),
+        ("<answer>42</answer><answer>7</answer>", {"correct": 1.0, "tags": 0.2, "clean": 0.1}),  # first tag
+        ("<answer>7</answer>, <answer>42</answer>", {"correct": 0.0, "tags": 0.2, "clean": 0.1}),
         ("</answer>42<answer>", {"correct": 0.0, "tags": 0.0, "clean": 0.0}),
         ("<answer>42", {"correct": 0.0, "tags": 0.0, "clean": 0.0}),
         ("42", {"correct": 0.0, "tags": 0.0, "clean": 0.0}),
-        ("<ANSWER>42</ANSWER>", {"correct": 0.0, "tags": 0.0, "clean": 0.0}),
         ("", {"correct": 0.0, "tags": 0.0, "clean": 0.0}),
     ],
 )
 def test_score_components(completion, components):
     result = score(completion, "42")
-    assert result.components == pytest.approx(components)
-    assert result.total == pytest.approx(sum(components.values()))
+    assert result.components == components
+    assert result.total == pytest.approx(sum(components.values()), abs=1e-15)
     assert result.correct == (components["correct"] == 1.0)
 
 
 def test_negative_targets_and_maximum():
-    assert score("<answer>-4999</answer>", "-4999").total == pytest.approx(1.3)
+    assert score("<answer>-4999</answer>", "-4999").total == 1.3
     assert score("<answer>+7</answer>", "7").correct
-    assert not score("<answer>7</answer>", "not an integer").correct
+    assert not score("<answer>7</answer>", "not an integer").correct  # an unreadable target never matches
 
 
 def test_course_prompt_by_default():
@@ -47,8 +50,19 @@ def test_course_prompt_by_default():
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": example.prompt},
     ]
-    assert all(-5000 <= int(e.answer) <= 5000 for e in task.eval_examples)
     assert len(task.eval_examples) == 64
+
+
+def test_eval_set_is_the_courses():
+    """The course reseeds its task generator with `seed + 123` and draws 64 `randint(-5000, 5000)` targets;
+    its first four for run seeds 0 and 5 (recorded from the course's FormatCopyTask) are pinned here."""
+    task = FormatCopyTask()
+    assert [e.answer for e in task.eval_examples[:4]] == ["-4143", "-615", "-3572", "1672"]  # seed 0 until bound
+    task.bind_seed(5)  # the datamodule binds the run's seed: eval seed 128
+    assert [e.answer for e in task.eval_examples[:4]] == ["-1123", "1646", "3380", "963"]
+    explicit = FormatCopyTask(eval_seed=123)
+    explicit.bind_seed(5)  # an explicit eval_seed wins over the run's seed
+    assert explicit.eval_examples == FormatCopyTask().eval_examples
 
 
 def test_tiny_variant():
@@ -58,6 +72,7 @@ def test_tiny_variant():
     assert task.messages(example) == [{"role": "user", "content": example.prompt}]
     assert task.score(f"<answer>{example.answer}</answer>", example).total == pytest.approx(1.3)
     assert all(-999 <= int(task.train_example(i, seed=1).answer) <= 999 for i in range(200))
+    assert [e.answer for e in task.eval_examples[:3]] == ["-892", "-451", "-821"]  # Random(123), its own range
 
 
 def test_streams_are_pure_functions_of_their_seeds():

@@ -72,6 +72,7 @@ class PromptGroupDataModule(L.LightningDataModule):
         if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
         self.task = task
+        task.bind_seed(seed)  # a task may derive its eval set from the run's seed (format_copy: seed + 123)
         self.prompts_per_step = prompts_per_step
         self.seed = seed
         self.eval_batch_size = eval_batch_size

@@ -1,142 +1,196 @@
-"""Safe answer checking for the boxed-number tasks (math_hard, arith).
+"""Answer parsing for the tasks, equal to the course's `hw4/utils/answer_parsing.py` on every input, in linear time.
 
-Completions are untrusted text. Nothing here evaluates them: numbers are read by a small grammar into
-exact `fractions.Fraction` values, every step is linear in the input, and inputs past a length limit
-are rejected rather than computed, so `9^9^9^9` or a 100,000-digit number costs microseconds.
+Completions are untrusted text: nothing here evaluates them, every scan is a single pass, and no call raises.
+The values are those of the course, including its choices (tested against its recorded outputs in
+`tests/fixtures/course_parity.json`):
 
-Accepted number forms (after stripping `$`, `\\$`, `\\%`, `^\\circ`, `\\left`/`\\right`, spacing macros,
-unit text such as `\\text{ cm}` and one layer of outer braces):
+- Tags are matched case-insensitively with Python's Unicode `re.IGNORECASE` rules (the Kelvin sign matches
+  `k`, `ſ` matches `s`). `<think>...</think>` blocks are removed first (leftmost, shortest, non-overlapping),
+  then every case-sensitive `</think>` left over, then the text is stripped.
+- A number is read with floats: `\\$`, `$`, `,`, `\\left`, `\\right` are deleted, one outer brace pair and
+  `\\text{...}` / `\\mathrm{...}` wrappers are peeled, then the whole text must be a plain number (`12`, `-3.5`,
+  `.5`; `\\d` is any Unicode digit), `a/b`, `a b/c`, `\\frac{a}{b}` (also `dfrac`, `tfrac`, signed) or a mixed
+  `w\\frac{a}{b}`, with integers a, b; a zero denominator gives None; a mixed number takes the sign of its whole
+  part. Nothing else is a number: `12\\%`, `90^\\circ`, `12 \\text{ cm}`, `\\frac12` all give None.
 
-    12   -3   +4   12.0   .5   1,000   1,234.5   3/4   \\frac{1}{2}   \\dfrac{-3}{4}   -\\tfrac{3}{4}
-    \\frac12   2\\frac{1}{2} (mixed number, 5/2)   \\text{5}
-
-Anything else (expressions, intervals, roots, powers, `x=5`) is not a number and parses to None.
+Where the course is slower than linear we get the same answer in one pass: the course rescans from every
+`<answer>`, `<think>` and `\\boxed{` to the end of the text; we pair tags and braces left to right. The one
+place we may differ: `\\text{\\text{...}}` peeling is the course's recursion (which raises RecursionError
+past about a thousand levels and is quadratic in the depth); we peel in a loop and give up with None once
+the peeled text totals `MAX_PEEL_CHARS`, which no course-readable answer of sane size reaches.
 """
 
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 
-MAX_SCAN_CHARS = 100_000  # extract_boxed reads only this many trailing characters
-MAX_ANSWER_CHARS = 100  # longer boxed contents are not numbers we accept
-MAX_NUMBER_CHARS = 40  # longest plain numeric token read by last_number
+import numpy as np
 
-_BOX_TOKEN = re.compile(r"\\(?:boxed|fbox)[ \t\n]*\{|[{}]")
-_DROP = re.compile(r"\\left|\\right|\\displaystyle|\\[!,;: ]|\\?\$|\\?%|\^\{?\\circ\}?|\\circ|°")
-_TEXT = re.compile(r"\\(?:text|textbf|textrm|mbox|mathrm)\{([^{}]*)\}")
-_UNSIGNED = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
-_NUMBER = re.compile(rf"([+-]?){_UNSIGNED}")
-_FRAC = re.compile(rf"([+-]?)(\d*)\\[dt]?frac(?:\{{([+-]?{_UNSIGNED})\}}\{{([+-]?{_UNSIGNED})\}}|(\d)(\d))")
-_SLASH = re.compile(rf"([+-]?{_UNSIGNED})/([+-]?{_UNSIGNED})")
+MAX_PEEL_CHARS = 8_000_000  # total characters re-read while peeling nested \text{} wrappers
+
+# Case-insensitive literal tags: re's IGNORECASE gives the course's Unicode case rules.
+_THINK_OPEN = re.compile(re.escape("<think>"), re.IGNORECASE)
+_THINK_CLOSE = re.compile(re.escape("</think>"), re.IGNORECASE)
+_ANSWER_OPEN = re.compile(re.escape("<answer>"), re.IGNORECASE)
+_ANSWER_CLOSE = re.compile(re.escape("</answer>"), re.IGNORECASE)
+_BOX_OPEN = re.compile(r"\\boxed\s*\{")  # case-sensitive, as the course
+
+# A number token in running text: `1,234.5`, `-12`, `3` (thousands groups are optional).
+NUMBER_TOKEN = re.compile(r"[-+]?(?:\d+(?:,\d{3})*|\d+)(?:\.\d+)?")
+_INT = r"([-+]?\d+)"
+_FRAC = rf"\\(?:frac|dfrac|tfrac)\s*\{{\s*{_INT}\s*\}}\s*\{{\s*{_INT}\s*\}}"  # \frac{a}{b}, integers a, b
+_SIGNED_FRAC = re.compile(rf"([+-]?)\s*{_FRAC}")
+_MIXED_FRAC = re.compile(rf"{_INT}\s*{_FRAC}")
+_MIXED_SLASH = re.compile(rf"{_INT}\s+{_INT}\s*/\s*{_INT}")
+_SLASH = re.compile(rf"{_INT}\s*/\s*{_INT}")
+_PLAIN = re.compile(r"[-+]?(?:\d+(?:\.\d+)?|\.\d+)")
+_WRAPPER = re.compile(r"\\(?:text|mathrm)\s*\{(.*)\}", re.DOTALL)
+
+
+def strip_think(text: str) -> str:
+    """`text` without `<think>...</think>` blocks and stray `</think>` tags, stripped.
+
+    A block runs from the leftmost `<think>` to the first `</think>` after it; the search resumes after that.
+    An unclosed `<think>` is kept. Each tag search starts where the last ended, so the pass is linear.
+    """
+    kept, position = [], 0
+    while (opener := _THINK_OPEN.search(text, position)) and (closer := _THINK_CLOSE.search(text, opener.end())):
+        kept.append(text[position : opener.start()])
+        position = closer.end()
+    kept.append(text[position:])
+    return "".join(kept).replace("</think>", "").strip()  # the leftover tag is removed case-sensitively
+
+
+def xml_answer(text: str) -> str | None:
+    """The stripped text between the first `<answer>` and the first `</answer>` after it, else None.
+
+    Tags are case-insensitive and `text` is read after `strip_think`.
+    """
+    cleaned = strip_think(text)
+    opener = _ANSWER_OPEN.search(cleaned)
+    closer = _ANSWER_CLOSE.search(cleaned, opener.end()) if opener else None
+    return None if closer is None else cleaned[opener.end() : closer.start()].strip()
+
+
+def is_xml_only(text: str) -> bool:
+    """True when the think-stripped text starts with `<answer>` and ends with a separate `</answer>`."""
+    cleaned = strip_think(text)
+    tail = len(cleaned) - len("</answer>")
+    return (
+        tail >= len("<answer>")
+        and _ANSWER_OPEN.match(cleaned) is not None
+        and _ANSWER_CLOSE.match(cleaned, tail) is not None
+    )
+
+
+def xml_number(text: str) -> float | None:
+    """The number in the `<answer>` tag: the whole content if it is one, else its last number token."""
+    content = xml_answer(text)
+    if content is None:
+        return None
+    value = parse_number(content)
+    return value if value is not None else _last_token_value(content)
+
+
+def last_number(text: str) -> float | None:
+    """The value of the last number token (`NUMBER_TOKEN`) of the think-stripped text, else None."""
+    return _last_token_value(strip_think(text))
+
+
+def _last_token_value(text: str) -> float | None:
+    tokens = NUMBER_TOKEN.findall(text)
+    return parse_number(tokens[-1]) if tokens else None
 
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`) whose braces balance, else None.
+    """Stripped content of the last-starting `\\boxed{...}` (`\\boxed {` too) whose brace closes, else None.
 
-    "Last" means the latest-starting box that closes: in `\\boxed{5} then \\boxed{6` the second never
-    closes, so the answer is `5`; in `\\boxed{\\boxed{7}}` it is `7`. One left-to-right pass over brace
-    tokens with a stack of open braces (each marked with where its box content starts, if it opens a
-    box): linear time, no regex backtracking, no re-scan from each `\\boxed{`. Raw braces count, as in
-    the MATH reference parser, so `\\{1,2\\}` balances like `{1,2}`. Only the last `MAX_SCAN_CHARS`
-    characters are read (a 512-token completion is about 2,000).
+    Read after `strip_think`. Every raw `{` and `}` counts, as in the course, so `\\{1,2\\}` balances like
+    `{1,2}`; in `\\boxed{5} then \\boxed{6` the second never closes, so the answer is `5`. The brace at
+    position p closes at the first later position where the running brace depth falls back to its depth
+    before p; with the depth and its suffix minimum computed once (vectorised), each box is an O(1) test.
     """
-    text = text[-MAX_SCAN_CHARS:]
-    starts = [i for i in (text.find("\\boxed"), text.find("\\fbox")) if i >= 0]
-    if not starts:
+    cleaned = strip_think(text)
+    braces = [match.end() - 1 for match in _BOX_OPEN.finditer(cleaned)]  # each box's "{"
+    if not braces:
         return None
-    open_braces: list[int | None] = []  # content start of a box opener, None for a plain "{"
-    best: tuple[int, int] | None = None  # (content start, content end) of the latest-starting closed box
-    for match in _BOX_TOKEN.finditer(text, min(starts)):
-        token = match.group()
-        if token == "{":
-            open_braces.append(None)
-        elif token != "}":
-            open_braces.append(match.end())
-        elif open_braces:  # a "}" with nothing open is ignored
-            content_start = open_braces.pop()
-            if content_start is not None and (best is None or content_start > best[0]):
-                best = (content_start, match.start())
-    return None if best is None else text[best[0] : best[1]].strip()
-
-
-def _normalize(text: str) -> str | None:
-    """Strip formatting that does not change the value; None when the text cannot be a number."""
-    if len(text) > MAX_ANSWER_CHARS or re.search(r"\d\s+\d", text):  # "2 1/2" or "1 000" are ambiguous
-        return None
-    text = _TEXT.sub(lambda m: m.group(1) if any(c.isdigit() for c in m.group(1)) else "", text)
-    text = "".join(_DROP.sub("", text).split())
-    while len(text) >= 2 and text[0] == "{" and text[-1] == "}":
-        text = text[1:-1]
-    return text
-
-
-def _unsigned(token: str) -> Fraction:
-    return Fraction(token.replace(",", ""))  # Fraction reads "1234.5" and ".5" exactly
-
-
-def _signed(token: str) -> Fraction:
-    return -_unsigned(token[1:]) if token.startswith("-") else _unsigned(token.lstrip("+"))
-
-
-def _ratio(numerator: str, denominator: str) -> Fraction | None:
-    den = _signed(denominator)
-    return None if den == 0 else _signed(numerator) / den
-
-
-def _parse_frac(match: re.Match[str]) -> Fraction | None:
-    sign, whole, num, den, short_num, short_den = match.groups()
-    value = _ratio(num or short_num, den or short_den)
-    if value is None or (whole and value < 0):  # "2\frac{-1}{2}" is not a mixed number
-        return None
-    value += int(whole or 0)
-    return -value if sign == "-" else value
-
-
-def parse_number(text: str) -> Fraction | None:
-    """The exact value of a number written in `text` (see the module docstring), or None.
-
-    Never raises and never evaluates the text; input longer than `MAX_ANSWER_CHARS` is rejected.
-    """
-    normalized = _normalize(text)
-    if not normalized:
-        return None
-    if _NUMBER.fullmatch(normalized):
-        return _signed(normalized)
-    if match := _FRAC.fullmatch(normalized):
-        return _parse_frac(match)
-    if match := _SLASH.fullmatch(normalized):
-        return _ratio(match.group(1), match.group(2))
+    codes = np.array([cleaned]).view(np.uint32)  # [n] code points (a 4-byte-per-char string, no codec)
+    depth = np.cumsum((codes == ord("{")).astype(np.int64) - (codes == ord("}")))  # [n] depth after char i
+    lowest_after = np.minimum.accumulate(depth[::-1])[::-1]  # [n] min(depth[i:])
+    for brace in reversed(braces):
+        outside = depth[brace] - 1  # the depth just before this box's "{"
+        if brace + 1 < len(depth) and lowest_after[brace + 1] <= outside:
+            close = brace + 1 + int(np.argmax(depth[brace + 1 :] <= outside))  # depth moves by 1: first hit is "}"
+            return cleaned[brace + 1 : close].strip()
     return None
 
 
-def last_number(text: str) -> Fraction | None:
-    """The last plain number in `text` (`-12`, `1,000`, `3.5`), for the relaxed exact-match metric.
+def boxed_number(text: str) -> float | None:
+    """`parse_number` of `extract_boxed(text)`; None without a closed box."""
+    content = extract_boxed(text)
+    return None if content is None else parse_number(content)
 
-    Found with ten `str.rfind` calls and a bounded backward walk (at most `MAX_NUMBER_CHARS`), so it is
-    linear at worst; a numeric run longer than that is rejected (None). Commas that are not thousands
-    separators split numbers: the last number of `1,2,3` is 3. Fractions are not read here.
+
+def gold_value(answer: str) -> float | None:
+    """A gold answer string as a float: `float(answer)` (so `repr(x)` reads back as exactly x), else
+    `parse_number(answer)` (so `\\frac{1}{2}` works too), else None."""
+    try:
+        return float(answer)
+    except ValueError:
+        return parse_number(answer)
+
+
+def _ratio(numerator: str, denominator: str) -> float | None:
+    den = float(denominator)
+    return None if abs(den) < 1e-12 else float(numerator) / den
+
+
+def _mixed(whole_text: str, numerator: str, denominator: str) -> float | None:
+    """`w a/b` as `w + |a/b|`, or `w - |a/b|` when w is negative."""
+    ratio = _ratio(numerator, denominator)
+    if ratio is None:
+        return None
+    whole = float(whole_text)
+    return whole - abs(ratio) if whole < 0 else whole + abs(ratio)
+
+
+def _unwrap(text: str) -> str:
+    """One normalisation round: strip, delete `\\$ $ , \\left \\right`, peel one outer brace pair."""
+    text = text.strip().replace("\\$", "").replace("$", "").replace(",", "")
+    text = text.replace("\\left", "").replace("\\right", "").strip()
+    if len(text) >= 2 and text[0] == "{" and text[-1] == "}" and text[1:-1].strip():
+        text = text[1:-1].strip()
+    return text
+
+
+def parse_number(text: str) -> float | None:
+    """The float value of `text` when the whole text is one number (see the module docstring), else None.
+
+    Float arithmetic as the course does it: `\\frac{1}{3}` is `1.0 / 3.0`, `"9" * 400` is inf. Never raises.
     """
-    end = max(text.rfind(digit) for digit in "0123456789")
-    if end < 0:
-        return None
-    start = end
-    while start > 0 and text[start - 1] in "0123456789.,":
-        start -= 1
-        if end - start >= MAX_NUMBER_CHARS:
+    peeled = 0
+    text = _unwrap(text)
+    while match := _WRAPPER.fullmatch(text):  # \text{...} and \mathrm{...} are read again from the start
+        peeled += len(text)
+        if peeled > MAX_PEEL_CHARS:
             return None
-    token = text[start : end + 1].lstrip(".,")
-    if not _NUMBER.fullmatch(token):
-        token = token.rsplit(",", 1)[-1]
-    if not _NUMBER.fullmatch(token):
+        text = _unwrap(match.group(1))
+    if not text:
         return None
-    value = _unsigned(token)
-    return -value if start > 0 and text[start - 1] == "-" else value
+    if "\\" in text:  # only the fraction forms hold a backslash (the checks skip regexes that cannot match)
+        return _parse_fraction(text)
+    if "/" in text:
+        if match := _MIXED_SLASH.fullmatch(text):
+            return _mixed(*match.groups())
+        match = _SLASH.fullmatch(text)
+        return None if match is None else _ratio(*match.groups())
+    return float(text) if _PLAIN.fullmatch(text) else None
 
 
-def numbers_equal(predicted: str | None, gold: str) -> bool:
-    """True when both strings parse to the same exact number (`12` = `12.0`, `\\frac{1}{2}` = `0.5`)."""
-    if predicted is None:
-        return False
-    value = parse_number(predicted)
-    return value is not None and value == parse_number(gold)
+def _parse_fraction(text: str) -> float | None:
+    """`[+-]\\frac{a}{b}` (also `dfrac`, `tfrac`) or the mixed `w\\frac{a}{b}`, else None."""
+    if match := _SIGNED_FRAC.fullmatch(text):
+        ratio = _ratio(match.group(2), match.group(3))
+        return None if ratio is None else (-1.0 if match.group(1) == "-" else 1.0) * ratio
+    match = _MIXED_FRAC.fullmatch(text)
+    return None if match is None else _mixed(*match.groups())

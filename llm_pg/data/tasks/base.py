@@ -36,12 +36,19 @@ class Task(ABC):
     name: str = "task"
     components: tuple[str, ...] = ()
 
-    def __init__(self, system_prompt: str | None = None, eval_size: int = 64, eval_seed: int = 1234) -> None:
+    def __init__(self, system_prompt: str | None = None, eval_size: int = 64, eval_seed: int | None = 1234) -> None:
         if eval_size < 1:
             raise ValueError(f"eval_size must be >= 1, got {eval_size}")
         self.system_prompt = system_prompt
         self.eval_size = eval_size
         self.eval_seed = eval_seed
+        self.run_seed = 0
+
+    def bind_seed(self, seed: int) -> None:
+        """Tell the task the run's top-level `seed` (the datamodule does), for eval sets derived from it."""
+        if seed != self.run_seed:
+            self.run_seed = seed
+            self.__dict__.pop("eval_examples", None)  # drop an eval set built for the old seed
 
     @abstractmethod
     def train_example(self, index: int, seed: int) -> Example:

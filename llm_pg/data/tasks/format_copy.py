@@ -6,11 +6,10 @@ model finds the tag format, then saturates near 1.3.
 
 from __future__ import annotations
 
-import math
 import random
-import re
 from collections.abc import Sequence
 
+from llm_pg.data.tasks.answers import gold_value, is_xml_only, xml_answer, xml_number
 from llm_pg.data.tasks.base import Example, Score, Task
 
 __all__ = ["FormatCopyTask", "score"]
@@ -22,51 +21,41 @@ SYSTEM_PROMPT = (
 )
 PROMPT_TEMPLATE = "Copy this integer exactly: {n}"
 
-OPEN, CLOSE = "<answer>", "</answer>"
 CORRECT_REWARD = 1.0
 TAGS_REWARD = 0.2
 CLEAN_REWARD = 0.1
-_INTEGER = re.compile(r"[+-]?\d{1,30}")
-
-
-def _as_int(text: str | None) -> int | None:
-    """The integer `text` spells (optional sign, at most 30 digits), else None."""
-    return int(text) if text is not None and _INTEGER.fullmatch(text.strip()) else None
-
-
-def tagged_answer(completion: str) -> str | None:
-    """The stripped text between the first `<answer>` and the first `</answer>` after it, else None."""
-    start = completion.find(OPEN)
-    end = completion.find(CLOSE, start + len(OPEN)) if start >= 0 else -1
-    return None if end < 0 else completion[start + len(OPEN) : end].strip()
+EVAL_SEED_OFFSET = 123  # the course draws its eval targets with seed `run seed + 123`
 
 
 def score(completion: str, target: str) -> Score:
-    """Reward of a format_copy completion for the integer `target`.
+    """Reward of a format_copy completion for the integer `target`, equal to the course's `FormatCopyTask.reward`.
 
-    total = correct + tags + clean, with
-        correct 1.0  the tagged answer (first `<answer>`...`</answer>`, stripped) is an integer equal to target
-        tags    0.2  exactly one `<answer>` and exactly one `</answer>`, in that order
-        clean   0.1  tags holds and the whitespace-stripped completion starts with `<answer>` and ends with
-                     `</answer>`: nothing but the tagged answer
-    Maximum 1.3. Tags are case-sensitive. Linear time; never raises.
+    total = tags + clean + correct (summed in this order, as the course does, so 1.3 is the same float), with
+        tags    0.2  an `<answer>` tag closes: `answers.xml_answer` is not None (case-insensitive tags,
+                     after removing `<think>` blocks)
+        clean   0.1  the think-stripped text is nothing but `<answer>...</answer>` (`answers.is_xml_only`)
+        correct 1.0  the tag's number (`answers.xml_number`: the whole content, else its last number token)
+                     is within 1e-6 of the target, so `42.0` and `The answer is 42` count
+    Maximum 1.3. Linear time; never raises.
     """
-    answer = tagged_answer(completion)
-    value = _as_int(answer)
-    correct = value is not None and value == _as_int(target)
-    one_pair = completion.count(OPEN) == 1 and completion.count(CLOSE) == 1
-    tags = one_pair and completion.find(OPEN) < completion.find(CLOSE)
-    stripped = completion.strip()
-    clean = tags and stripped.startswith(OPEN) and stripped.endswith(CLOSE)
+    value, gold = xml_number(completion), gold_value(target)
+    correct = value is not None and gold is not None and abs(value - gold) < 1e-6
+    tags = xml_answer(completion) is not None
+    clean = is_xml_only(completion)
+    total = 0.0
+    for earned, weight in ((tags, TAGS_REWARD), (clean, CLEAN_REWARD), (correct, CORRECT_REWARD)):
+        total += weight if earned else 0.0
     components = {"correct": CORRECT_REWARD * correct, "tags": TAGS_REWARD * tags, "clean": CLEAN_REWARD * clean}
-    return Score(total=math.fsum(components.values()), correct=correct, components=components)
+    return Score(total=total, correct=correct, components=components)
 
 
 class FormatCopyTask(Task):
     """Copy an integer drawn uniformly from `[low, high]`.
 
     Train example `i` of seed `s` draws its integer from `random.Random(f"format_copy:{s}:{i}")`, a pure
-    function of `(s, i)`; the eval set is `eval_size` draws from `random.Random(f"format_copy-eval:{eval_seed}")`.
+    function of `(s, i)`. The eval set is the course's: `eval_size` (64) draws `randint(low, high)` from
+    `random.Random(eval_seed)`, where `eval_seed=None` (the default) means the run's seed + 123 (the datamodule
+    binds the run's seed with `bind_seed`; 0 until then).
     In `prompt_template` the literal `{n}` is replaced by the integer. The course setting is the default;
     the tiny CPU setting is `FormatCopyTask(low=-999, high=999, system_prompt=None, prompt_template="Copy: {n}")`.
     """
@@ -81,7 +70,7 @@ class FormatCopyTask(Task):
         system_prompt: str | None = SYSTEM_PROMPT,
         prompt_template: str = PROMPT_TEMPLATE,
         eval_size: int = 64,
-        eval_seed: int = 123,
+        eval_seed: int | None = None,
     ) -> None:
         super().__init__(system_prompt=system_prompt, eval_size=eval_size, eval_seed=eval_seed)
         if low > high:
@@ -99,15 +88,16 @@ class FormatCopyTask(Task):
         return self._example(random.Random(f"format_copy:{seed}:{index}").randint(self.low, self.high))
 
     def build_eval_set(self) -> list[Example]:
-        rng = random.Random(f"format_copy-eval:{self.eval_seed}")
+        seed = self.run_seed + EVAL_SEED_OFFSET if self.eval_seed is None else self.eval_seed
+        rng = random.Random(seed)
         return [self._example(rng.randint(self.low, self.high)) for _ in range(self.eval_size)]
 
     def score(self, completion: str, example: Example) -> Score:
         return score(completion, example.answer)
 
     def eval_metrics(self, completions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
-        """`exact_match`, mean `reward`, `has_tag` (share earning the tags term: one `<answer>...</answer>`
-        pair) and `tag_only` (share earning the clean term: nothing but the tagged answer)."""
+        """`exact_match`, mean `reward`, `has_tag` (share earning the tags term: an `<answer>` tag closes)
+        and `tag_only` (share earning the clean term: nothing but the tagged answer), as the course's eval."""
         scores = [self.score(c, e) for c, e in zip(completions, examples, strict=True)]
         n = max(len(scores), 1)
         return {

@@ -1,25 +1,32 @@
-"""math_hard: level-5 MATH problems whose gold `\\boxed{}` answer is a number (the course's hw4 task).
+"""math_hard: level-5 MATH problems whose gold answer is a number (the course's hw4 task).
 
 The data is `the-jb/hendrycks-math` (MATH schema: `problem`, `level`, `type`, `solution`) by default;
 any hub id, local directory, or builder plus `data_files` (`dataset="json", data_files={"train": ...,
-"test": ...}`) works. Rows are kept when their level matches and the last boxed answer of the solution
-parses as a number (see `answers.py`); the counts of rows seen, kept and dropped by reason are logged
-and kept in `MathHardTask.filter_stats`.
+"test": ...}`) works. Rows are kept exactly as the course keeps them (see `math_data.py`, which also states
+our one departure: None problems and solutions are dropped); the counts of rows seen, kept and dropped by
+reason are logged and kept in `MathHardTask.filter_stats`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import Any
 
-from llm_pg.data.tasks.answers import extract_boxed, last_number, parse_number
+from llm_pg.data.tasks.answers import boxed_number, extract_boxed, gold_value, last_number
 from llm_pg.data.tasks.base import Example, Score, Task
+from llm_pg.data.tasks.math_data import DataFileError, DatasetUnavailableError, filter_rows, load_split
 
-__all__ = ["BoxedAnswerTask", "DatasetUnavailableError", "MathHardTask", "extract_boxed", "filter_rows", "score"]
+__all__ = [
+    "BoxedAnswerTask",
+    "DataFileError",
+    "DatasetUnavailableError",
+    "MathHardTask",
+    "extract_boxed",
+    "filter_rows",
+    "score",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,113 +40,70 @@ PROMPT_TEMPLATE = "{problem}\n\nReturn only: \\boxed{NUMBER}"
 
 CORRECT_REWARD = 1.0
 BOXED_REWARD = 0.1
-NUMERIC_REWARD = 0.1
 RELAXED_REWARD = 0.1
 
 
-def score(completion: str, answer: str) -> Score:
-    """Reward of a boxed-number completion against the gold number `answer`.
+def _close(value: float | None, gold: float | None) -> bool:
+    return value is not None and gold is not None and abs(value - gold) < 1e-6
 
-    total = correct + boxed + numeric + relaxed, with
-        correct 1.0  the last balanced `\\boxed{...}` parses to exactly the gold number
-        boxed   0.1  a balanced `\\boxed{...}` is present
-        numeric 0.1  its content parses as a number
-        relaxed 0.1  the boxed answer is missing or not a number, yet the last number in the text equals the
-                     gold (the course's fallback bonus, so "... the answer is 12" still earns a little)
-    The maximum is 1.2 and a wrong boxed answer earns at most 0.2 (boxed + numeric, or boxed + relaxed),
-    so the total is below 1.0 whenever the boxed answer is wrong. Never raises, never evaluates the text.
+
+def score(completion: str, answer: str) -> Score:
+    """Reward of a boxed-number completion against the gold number `answer`, equal to the course's
+    `MathHardTask.reward`.
+
+    total = boxed + relaxed + correct (summed in this order, as the course does), with
+        boxed   0.1  the text contains the literal `\\boxed{` in any case (`\\BOXED{` too; `<think>` included)
+        relaxed 0.1  no closed box parses as a number, yet the last number token of the think-stripped text
+                     is within 1e-6 of the gold (so "... the answer is 12" earns a little)
+        correct 1.0  the last closed `\\boxed{...}` (or `\\boxed {...}`) of the think-stripped text parses
+                     to within 1e-6 of the gold
+    Maximum 1.1. The gold is `float(answer)` (`repr` of a float reads back exactly), else `parse_number(answer)`.
+    Never raises, never evaluates the text.
     """
-    boxed = extract_boxed(completion)
-    boxed_value = None if boxed is None else parse_number(boxed)
-    gold = parse_number(answer)
-    correct = boxed_value is not None and boxed_value == gold
-    relaxed = boxed_value is None and gold is not None and last_number(completion) == gold
+    gold = gold_value(answer)
+    boxed_value = boxed_number(completion)
+    correct = _close(boxed_value, gold)
+    relaxed = boxed_value is None and _close(last_number(completion), gold)
+    boxed = "\\boxed{" in completion.lower()
+    total = 0.0
+    for earned, weight in ((boxed, BOXED_REWARD), (relaxed, RELAXED_REWARD), (correct, CORRECT_REWARD)):
+        total += weight if earned else 0.0
     components = {
         "correct": CORRECT_REWARD * correct,
-        "boxed": BOXED_REWARD * (boxed is not None),
-        "numeric": NUMERIC_REWARD * (boxed_value is not None),
+        "boxed": BOXED_REWARD * boxed,
         "relaxed": RELAXED_REWARD * relaxed,
     }
-    return Score(total=math.fsum(components.values()), correct=correct, components=components)
+    return Score(total=total, correct=correct, components=components)
 
 
 class BoxedAnswerTask(Task):
     """A task answered with `\\boxed{NUMBER}` and scored by `score` above (math_hard and arith)."""
 
-    components = ("correct", "boxed", "numeric", "relaxed")
+    components = ("correct", "boxed", "relaxed")
 
     def score(self, completion: str, example: Example) -> Score:
         return score(completion, example.answer)
 
     def eval_metrics(self, completions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
-        """`exact_match` (boxed parser), `exact_match_relaxed` (boxed, or else the last number anywhere),
-        `has_boxed` (a balanced boxed answer is present) and the mean `reward`."""
+        """The course's eval: `exact_match` (boxed parser), `exact_match_relaxed` (boxed, or else the last
+        number token, even when a wrong box parses), `has_boxed` (a closed box) and the mean `reward`."""
         n = max(len(completions), 1)
         totals = {"exact_match": 0.0, "exact_match_relaxed": 0.0, "has_boxed": 0.0, "reward": 0.0}
         for completion, example in zip(completions, examples, strict=True):
             result = self.score(completion, example)
-            relaxed = result.correct or last_number(completion) == parse_number(example.answer)
             totals["exact_match"] += result.correct
-            totals["exact_match_relaxed"] += relaxed
-            totals["has_boxed"] += result.components["boxed"] > 0
+            totals["exact_match_relaxed"] += result.correct or _close(
+                last_number(completion), gold_value(example.answer)
+            )
+            totals["has_boxed"] += extract_boxed(completion) is not None
             totals["reward"] += result.total
         return {key: value / n for key, value in totals.items()}
 
 
-class DatasetUnavailableError(RuntimeError):
-    """The math dataset could not be loaded (hub unreachable and no cached copy, or a wrong path)."""
-
-
-def load_split(dataset: str, split: str, config_name: str | None = None, data_files: Any = None) -> Iterable:
-    """`datasets.load_dataset(dataset, config_name, data_files=..., split=split)`, with one clear error."""
-    import datasets  # imported here: arith and format_copy need no datasets import
-
-    try:
-        return datasets.load_dataset(dataset, config_name, data_files=data_files, split=split)
-    except OSError as err:  # ConnectionError (offline, unreachable hub) and FileNotFoundError are OSErrors
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise DatasetUnavailableError(
-            f"Could not load split '{split}' of dataset '{dataset}': {reason}\n"
-            "Two ways out: (1) use a cached copy: load it once with network access (it is cached under "
-            "HF_HOME), then run with HF_DATASETS_OFFLINE=1; or (2) point the task at local files: "
-            "dataset='json' (or 'parquet') with data_files={'train': ..., 'test': ...}, or dataset=<a local "
-            "directory>."
-        ) from None
-
-
-def _drop_reason(row: Mapping[str, Any], level: str | None) -> str | None:
-    """Why a MATH-schema row is not used (`level`, `no_boxed`, `non_numeric`), or None to keep it."""
-    if level is not None and str(row.get("level", "")).strip() != level:
-        return "level"
-    answer = extract_boxed(str(row.get("solution") or ""))
-    if answer is None:
-        return "no_boxed"
-    return "non_numeric" if parse_number(answer) is None else None
-
-
-def filter_rows(
-    rows: Iterable[Mapping[str, Any]], level: str | None, prompt_template: str
-) -> tuple[list[Example], dict[str, int]]:
-    """Examples from MATH-schema rows whose level matches (`None` keeps all) and whose gold answer, the
-    last boxed answer of `solution`, parses as a number. Returns the examples and the counts
-    `seen`, `kept`, `dropped_level`, `dropped_no_boxed`, `dropped_non_numeric`."""
-    stats = dict.fromkeys(("seen", "kept", "dropped_level", "dropped_no_boxed", "dropped_non_numeric"), 0)
-    examples = []
-    for row in rows:
-        stats["seen"] += 1
-        reason = _drop_reason(row, level)
-        if reason is not None:
-            stats[f"dropped_{reason}"] += 1
-            continue
-        stats["kept"] += 1
-        prompt = prompt_template.replace("{problem}", str(row.get("problem", "")))
-        examples.append(Example(prompt=prompt, answer=extract_boxed(str(row["solution"])) or ""))
-    return examples, stats
-
-
 class MathHardTask(BoxedAnswerTask):
-    """Level-5 MATH with numeric answers: train from `train_split`, eval on the first `eval_size` kept
-    rows of `eval_split` in dataset order.
+    """Level-5 MATH with numeric answers: train from `train_split`, eval on the first `eval_size` (512) kept
+    rows of `eval_split` in dataset order, as the course does. `levels` lists the kept MATH levels (the
+    course's `(5,)`; empty keeps every level). A split that keeps no row is a ValueError naming it.
 
     The data loads on first use (`prepare()`, `train_example` or `eval_examples`), not in `__init__`, so a
     config can be built without it. `train_example(i, seed)` walks the kept train rows in a fresh seeded
@@ -154,7 +118,7 @@ class MathHardTask(BoxedAnswerTask):
         dataset: str = "the-jb/hendrycks-math",
         data_files: str | Sequence[str] | Mapping[str, str | Sequence[str]] | None = None,
         config_name: str | None = None,
-        level: str | None = "Level 5",
+        levels: Sequence[int] = (5,),
         train_split: str = "train",
         eval_split: str = "test",
         eval_size: int = 512,
@@ -167,7 +131,7 @@ class MathHardTask(BoxedAnswerTask):
         self.dataset = dataset
         self.data_files = data_files
         self.config_name = config_name
-        self.level = level
+        self.levels = [int(level) for level in levels]
         self.train_split = train_split
         self.eval_split = eval_split
         self.prompt_template = prompt_template
@@ -180,10 +144,7 @@ class MathHardTask(BoxedAnswerTask):
 
     @cached_property
     def train_examples(self) -> list[Example]:
-        examples = self._load(self.train_split)
-        if not examples:
-            raise ValueError(f"math_hard kept no rows of split '{self.train_split}': {self.filter_stats}")
-        return examples
+        return self._load(self.train_split)
 
     def build_eval_set(self) -> list[Example]:
         return self._load(self.eval_split)[: self.eval_size]
@@ -202,8 +163,16 @@ class MathHardTask(BoxedAnswerTask):
         return self._permutation_cache[1]
 
     def _load(self, split: str) -> list[Example]:
-        rows = load_split(self.dataset, split, self.config_name, self.data_files)
-        examples, stats = filter_rows(rows, self.level, self.prompt_template)
+        """The kept rows of `split` as examples (gold: `repr` of the course's float gold), in dataset order."""
+        rows, stats = filter_rows(load_split(self.dataset, split, self.config_name, self.data_files), self.levels)
         self.filter_stats[split] = stats
-        log.info("math_hard %s split '%s' (level %s): %s", self.dataset, split, self.level, stats)
-        return examples
+        log.info("math_hard %s split '%s' (levels %s): %s", self.dataset, split, self.levels, stats)
+        if not rows:
+            raise ValueError(
+                f"math_hard kept no rows of split '{split}' of dataset '{self.dataset}' (levels {self.levels}): "
+                f"{stats}; check `levels` and the data"
+            )
+        return [
+            Example(prompt=self.prompt_template.replace("{problem}", row["problem"]), answer=repr(row["gold"]))
+            for row in rows
+        ]
