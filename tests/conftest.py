@@ -35,6 +35,15 @@ def random_model_dir(tmp_path_factory) -> str:
     return str(out)
 
 
+@pytest.fixture(scope="session")
+def qwen_model_dir(tmp_path_factory) -> str:
+    """A tiny random Qwen2 with Qwen2.5-Math-Instruct's tokenizer, chat template and generation config
+    (`tests/make_qwen_fixture.py`): what the real configs load, without a download."""
+    from make_qwen_fixture import make_qwen_fixture
+
+    return make_qwen_fixture(tmp_path_factory.mktemp("qwen-fixture"))
+
+
 SMALL = [  # 2 prompts x 4 completions, 2 micro-batches of 2 per step, short completions
     "--data.prompts_per_step=2",
     "--model.init_args.group_size=4",
