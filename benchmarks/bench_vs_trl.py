@@ -1,0 +1,220 @@
+"""Race: seconds per GRPO iteration, llm_pg against TRL's GRPOTrainer, at identical settings on the tiny model.
+
+    .venv/bin/python -m pip install -c requirements.lock -e ".[bench]"     # TRL, pinned
+    .venv/bin/python benchmarks/bench_vs_trl.py [--reps 3] [--tokens 24] [--min-tokens 0] [--iterations 6]
+
+Both sides train the bundled tiny chat model (float32, CPU, one torch thread, W&B off) with GRPO on the tiny
+format_copy task (user turn `Copy: N`, N in [-999, 999], the task's own reward): 8 prompts x 8 completions per
+iteration of `--min-tokens` to `--tokens` new tokens (T 1.0, top-p 1), 2 passes over each rollout (TRL:
+`num_iterations=2`) in micro-batches of 8 with 8-step accumulation, so one optimizer step per pass; KL 0.04 to
+a frozen full copy,
+clip 0.2, AdamW lr 3e-4 constant, betas (0.9, 0.95), grad norm 0.5, per-sequence token-mean loss (TRL:
+`loss_type="grpo"`), no gradient checkpointing (TRL defaults to it), nothing saved by TRL. The tiny model
+ends its answers after about 21 tokens, so a length-scaling figure needs `--tokens 128 --min-tokens 128`.
+
+An iteration's time is the wall clock between the ends of consecutive iterations (llm_pg: its `time/elapsed`
+metric; TRL: the end of every second optimizer step), so it holds sampling, scoring, the pi_old and reference
+passes, the update, logging and (llm_pg only) the `last.ckpt` it rewrites every iteration. The first iteration
+is warm-up and dropped. Each repetition runs each side in a fresh process, in alternating order; a side's
+figure is the median over repetitions of its per-run median. The LAST line printed is JSON:
+`{"llm_pg_s": ..., "trl_s": ..., "ratio": ...}` (ratio = llm_pg / TRL; below 1 means llm_pg is faster).
+A figure to compare, never an assertion: other jobs on the machine move it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS, GROUP, MICRO, EPOCHS = 8, 8, 8, 2
+KL, CLIP, LR, GRAD_NORM = 0.04, 0.2, 3e-4, 0.5
+ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "WANDB_MODE": "disabled",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def tiny_task():
+    from llm_pg.data.tasks import FormatCopyTask
+
+    return FormatCopyTask(low=-999, high=999, system_prompt=None, prompt_template="Copy: {n}")
+
+
+def run_llm_pg(iterations: int, tokens: int, min_tokens: int) -> list[float]:
+    """Seconds of each iteration after the first, from the run's `time/elapsed` metric."""
+    from llm_pg.cli import run_cli
+
+    with tempfile.TemporaryDirectory() as runs:
+        run_cli(
+            [
+                "fit",
+                f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}",
+                f"--runs_root={runs}",
+                "--run_name=bench",
+                "--torch_threads=1",
+                "--wandb_project=null",
+                "--trainer.enable_progress_bar=false",
+                f"--data.prompts_per_step={PROMPTS}",
+                f"--model.init_args.iterations={iterations}",
+                f"--model.init_args.group_size={GROUP}",
+                f"--model.init_args.minibatch_size={MICRO}",
+                f"--model.init_args.grad_accum_steps={PROMPTS * GROUP // MICRO}",
+                f"--model.init_args.ppo_epochs={EPOCHS}",
+                f"--model.init_args.kl_coef={KL}",
+                f"--model.init_args.clip_eps={CLIP}",
+                f"--model.init_args.lr={LR}",
+                f"--model.init_args.max_grad_norm={GRAD_NORM}",
+                f"--model.init_args.max_new_tokens={tokens}",
+                f"--model.init_args.min_new_tokens={min_tokens}",
+                "--model.init_args.temperature=1.0",
+                "--model.init_args.top_p=1.0",
+                "--model.init_args.dtype=float32",
+                "--model.init_args.eval_every=100000",  # evaluates at 0 and the end only: outside the timed span
+                "--model.init_args.log_generations_every=0",
+            ]
+        )
+        with open(Path(runs) / "bench" / "metrics.csv") as f:
+            elapsed = [float(row["time/elapsed"]) for row in csv.DictReader(f) if row.get("time/elapsed")]
+    return [b - a for a, b in itertools.pairwise(elapsed)]
+
+
+def run_trl(iterations: int, tokens: int, min_tokens: int) -> list[float]:
+    """Seconds of each iteration after the first: TRL makes `EPOCHS` optimizer steps per generation."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from llm_pg.data.tasks.base import Example
+    from llm_pg.models import TINY_MODEL, load_tokenizer
+
+    task = tiny_task()
+    examples = [task.train_example(i, seed=0) for i in range(PROMPTS * iterations)]
+    dataset = Dataset.from_list([{"prompt": task.messages(e), "text": e.prompt, "answer": e.answer} for e in examples])
+
+    def reward(prompts, completions, text, answer, **_) -> list[float]:
+        return [
+            task.score(c[0]["content"], Example(prompt=t, answer=a)).total
+            for c, t, a in zip(completions, text, answer, strict=True)
+        ]
+
+    class Clock(TrainerCallback):
+        def __init__(self) -> None:
+            self.step_ends: list[float] = []
+
+        def on_step_end(self, args, state, control, **kwargs) -> None:
+            self.step_ends.append(time.perf_counter())
+
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out,
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            seed=0,
+            per_device_train_batch_size=MICRO,
+            gradient_accumulation_steps=PROMPTS * GROUP // MICRO,
+            num_generations=GROUP,
+            num_iterations=EPOCHS,
+            max_steps=EPOCHS * iterations,
+            max_completion_length=tokens,
+            generation_kwargs={"min_new_tokens": min_tokens},
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            beta=KL,
+            epsilon=CLIP,
+            loss_type="grpo",
+            scale_rewards="group",
+            learning_rate=LR,
+            lr_scheduler_type="constant",
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            weight_decay=0.0,
+            max_grad_norm=GRAD_NORM,
+            gradient_checkpointing=False,
+            logging_steps=EPOCHS,  # one log line per iteration, as llm_pg logs
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+        )
+        model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=dataset,
+            processing_class=load_tokenizer(TINY_MODEL),
+            callbacks=[clock],
+        )
+        trainer.train()
+    ends = clock.step_ends[EPOCHS - 1 :: EPOCHS]  # the end of each iteration
+    return [b - a for a, b in itertools.pairwise(ends)]
+
+
+def child(side: str, iterations: int, tokens: int, min_tokens: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    seconds = (run_llm_pg if side == "llm_pg" else run_trl)(iterations, tokens, min_tokens)
+    print(json.dumps({"side": side, "seconds": seconds}))
+
+
+def one_run(side: str, iterations: int, tokens: int, min_tokens: int) -> float:
+    """The median seconds per iteration of one fresh-process run of `side` (warm-up iteration dropped)."""
+    command = [sys.executable, __file__, "--side", side, "--iterations", str(iterations)]
+    command += ["--tokens", str(tokens), "--min-tokens", str(min_tokens)]
+    done = subprocess.run(command, cwd=ROOT, env={**os.environ, **ENV}, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{side} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"][1:]
+    return statistics.median(seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=3, help="runs per side, interleaved")
+    parser.add_argument("--tokens", type=int, default=24, help="max new tokens per completion")
+    parser.add_argument("--min-tokens", type=int, default=0, help="min new tokens (forces the length)")
+    parser.add_argument("--iterations", type=int, default=6, help="iterations per run; the first is warm-up")
+    parser.add_argument("--side", choices=["llm_pg", "trl"], help=argparse.SUPPRESS)  # one run, in a child
+    args = parser.parse_args()
+    if args.iterations < 3:
+        parser.error(f"--iterations={args.iterations}: give at least 3 (one warm-up, two timed)")
+    if not 0 <= args.min_tokens <= args.tokens:
+        parser.error(f"--min-tokens={args.min_tokens}: give a value between 0 and --tokens={args.tokens}")
+    if args.side:
+        child(args.side, args.iterations, args.tokens, args.min_tokens)
+        return
+    times: dict[str, list[float]] = {"llm_pg": [], "trl": []}
+    for rep in range(args.reps):
+        order = ("llm_pg", "trl") if rep % 2 == 0 else ("trl", "llm_pg")
+        for side in order:
+            times[side].append(one_run(side, args.iterations, args.tokens, args.min_tokens))
+            print(f"rep {rep + 1}/{args.reps} {side:<6} {times[side][-1]:.3f} s/iteration", flush=True)
+    lengths = f"{args.min_tokens}-{args.tokens} new tokens"
+    print(f"{PROMPTS} prompts x {GROUP}, {lengths}, {EPOCHS} epochs, {args.reps} interleaved reps:")
+    for side, values in times.items():
+        spread = f"min {min(values):.3f}  max {max(values):.3f}"
+        print(f"  {side:<6} median {statistics.median(values):.3f} s/iteration   {spread}")
+    llm_pg_s, trl_s = statistics.median(times["llm_pg"]), statistics.median(times["trl"])
+    print(json.dumps({"llm_pg_s": round(llm_pg_s, 4), "trl_s": round(trl_s, 4), "ratio": round(llm_pg_s / trl_s, 4)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""HFEngine: the engine interface over HF `generate` (`llm_pg.generation.generate`), sampling with the policy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from llm_pg.generation import Conversation, Generation, generate
+
+
+class HFEngine:
+    """Samples with the policy module itself (eval mode, no grad, KV cache): no second copy of the weights.
+
+    `load_weights` only records which module to sample with; weights updated in place by the optimizer are
+    seen at once.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+
+    def load_weights(self, model: PreTrainedModel) -> None:
+        self.model = model
+
+    def generate(
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        num_samples: int = 1,
+        max_new_tokens: int = 32,
+        min_new_tokens: int = 0,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        greedy: bool = False,
+        seed: int | None = None,
+        max_prompt_tokens: int | None = None,
+        chat_template: bool = True,
+    ) -> Generation:
+        """`llm_pg.generation.generate` with this engine's model and tokenizer (same arguments)."""
+        return generate(
+            self.model,
+            self.tokenizer,
+            conversations,
+            num_samples=num_samples,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            greedy=greedy,
+            seed=seed,
+            max_prompt_tokens=max_prompt_tokens,
+            chat_template=chat_template,
+        )

