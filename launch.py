@@ -8,13 +8,15 @@
 
 A run lives at `/<run_name>` on the Volume `llm-pg-runs` (`/runs/<run_name>` in the container). The run name is
 fixed per run (default: as `llm-pg fit` names it), so a retry after a preemption, a crash or the timeout finds
-`checkpoints/last.ckpt` there and resumes with `--ckpt_path last`; launching a finished run (it has `final/`)
-does nothing. The W&B key comes from the Modal secret `wandb` (`modal secret create wandb WANDB_API_KEY=...`);
-without it runs log W&B offline inside the run directory (set LLM_PG_WANDB_SECRET to use another secret name,
+its checkpoints there and resumes with `--ckpt_path last`; launching a finished run (it has `COMPLETE`) does
+nothing. A sweep first downloads its model and dataset into the Volume `llm-pg-hf-cache`, then starts its runs.
+The W&B key comes from the Modal secret `wandb` (`modal secret create wandb WANDB_API_KEY=...`); without it
+runs log W&B offline inside the run directory (set LLM_PG_WANDB_SECRET to use another secret name,
 or to an empty string to skip the lookup). `--gpus N` asks for N H100s in one container and runs Lightning's DDP
 across them, each rank rolling out its own prompt groups.
 
-The command building at the top is plain Python, tested without Modal credentials (tests/test_launch.py).
+The commands and the training loop are plain Python in llm_pg/modal_support.py, tested without Modal
+credentials (tests/test_launch.py).
 """
 
 from __future__ import annotations
@@ -22,138 +24,47 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import modal
 
-from llm_pg.sweep import Run, expand, is_complete, load_sweep, resume_flag, select
+from llm_pg.modal_support import (
+    COMMIT_EVERY_S,
+    REMOTE_HF,
+    REMOTE_ROOT,
+    REMOTE_RUNS,
+    default_run_name,
+    fit_command,
+    parse_launch_args,
+    parse_override,
+    prefetch_assets,
+    prefetch_plan,
+    run_fit,
+)
+from llm_pg.sweep import expand, load_sweep, select
+
+__all__ = ["COMMIT_EVERY_S", "default_run_name", "fit_command", "parse_override"]  # used by tests and users
 
 ROOT = Path(__file__).resolve().parent
 APP_NAME = "llm-pg"
 RUNS_VOLUME, HF_VOLUME = "llm-pg-runs", "llm-pg-hf-cache"
-REMOTE_ROOT = "/root"  # the package and configs in the container; the working directory of every run
-REMOTE_RUNS, REMOTE_HF = "/runs", "/hf-cache"
 TORCH = "torch==2.13.0"  # installed first, as the Makefile does: the same version, here its CUDA build
 GPU = "H100"
 TIMEOUT_S = 24 * 60 * 60  # Modal's maximum, per attempt; math_hard GRPO (501 iterations) needs roughly 4-8 h
 RETRIES = 3  # attempts after a crash or a timeout; preemptions restart the input on their own
-COMMIT_EVERY_S = 300  # persist checkpoints to the Volume this often, so a retry finds them
 WANDB_SECRET = os.environ.get("LLM_PG_WANDB_SECRET", "wandb")
 
 
-# ---- what runs: plain functions ------------------------------------------------------------------------
-
-
-def parse_override(text: str) -> tuple[str, str]:
-    """`model.init_args.kl_coef=0.1` -> (`model.init_args.kl_coef`, `0.1`); the key is an `llm-pg fit` flag."""
-    key, sep, value = text.partition("=")
-    key = key.strip().removeprefix("--")
-    if not sep or not key:
-        raise ValueError(f"--override {text!r}: write KEY=VALUE, e.g. model.init_args.kl_coef=0.1")
-    return key, value
-
-
-def default_run_name(config: str, seed: int = 0) -> str:
-    """`llm-pg fit`'s default: `math_hard_grpo` for configs/math_hard/grpo.yaml, `_seed<N>` added when seed != 0."""
-    path = Path(config)
-    name = f"{path.parent.name}_{path.stem}" if path.parent.name != "configs" else path.stem
-    return name if seed == 0 else f"{name}_seed{seed}"
-
-
-def fit_command(
-    config: str,
-    overrides: Mapping[str, Any],
-    run_name: str,
-    resume: bool,
-    gpus: int = 1,
-    seed: int = 0,
-    runs_root: str = REMOTE_RUNS,
-) -> list[str]:
-    """The `llm-pg fit` process one launch runs (as `python -m llm_pg.cli`, which Lightning's DDP re-executes)."""
-    if gpus < 1:
-        raise ValueError(f"--gpus must be >= 1, got {gpus}")
-    args = Run(run_name, config, overrides, seed).fit_args(runs_root, resume)
-    ddp = ["--trainer.devices", str(gpus), "--trainer.strategy", "ddp"] if gpus > 1 else []
-    return [sys.executable, "-m", "llm_pg.cli", "fit", *args, *ddp]
+# ---- what runs: plain functions (llm_pg/modal_support.py), and the paths here ---------------------------
 
 
 def fetch_command(run_name: str, dest: str = "runs") -> str:
     """The `modal volume get` that copies a run (or a sweep's folder) to `<dest>/<run_name>` here."""
     parent = shlex.quote(str(Path(dest, run_name).parent))
     return f"mkdir -p {parent} && modal volume get {RUNS_VOLUME} {shlex.quote(run_name)} {parent}"
-
-
-def run_fit(
-    config: str,
-    overrides: Mapping[str, Any],
-    run_name: str,
-    seed: int = 0,
-    gpus: int = 1,
-    runs_root: str = REMOTE_RUNS,
-    cwd: str | Path = REMOTE_ROOT,
-    commit: Callable[[], None] | None = None,
-) -> str:
-    """Train one run to the end, resuming it if it has a checkpoint; returns how it ended.
-
-    Training runs in a child process (Lightning's DDP launcher re-executes its command line); `commit`, when
-    given, persists the run directory every COMMIT_EVERY_S seconds and when the child ends or is interrupted.
-    """
-    run_dir = Path(runs_root) / run_name
-    if is_complete(run_dir):
-        print(f"{run_name}: already finished ({run_dir}/final exists); pick another --run_name to train again")
-        return "already finished"
-    resume = bool(resume_flag(run_dir))
-    command = fit_command(config, overrides, run_name, resume, gpus, seed, runs_root)
-    print(("resuming: " if resume else "starting: ") + shlex.join(command), flush=True)
-    child = subprocess.Popen(command, cwd=cwd, start_new_session=True)  # its own group: DDP ranks stop with it
-    try:
-        while True:
-            try:
-                returncode = child.wait(timeout=COMMIT_EVERY_S)
-                break
-            except subprocess.TimeoutExpired:
-                if commit:
-                    commit()
-    finally:
-        if child.poll() is None:  # interrupted (preemption, timeout, Ctrl-C): stop training, keep what was saved
-            _stop(child)
-        if commit:
-            commit()
-    if returncode != 0:
-        raise RuntimeError(f"{run_name}: llm-pg fit exited with {returncode}")
-    return "finished"
-
-
-def _stop(child: subprocess.Popen) -> None:
-    """SIGTERM to the training process group (every DDP rank), SIGKILL if it is still there a minute later."""
-    os.killpg(child.pid, signal.SIGTERM)
-    try:
-        child.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-
-
-def parse_launch_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="modal run launch.py", description="Train one run on Modal (or --local).")
-    parser.add_argument("--config", required=True, help="a config under configs/, e.g. configs/math_hard/grpo.yaml")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="repeatable")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--run_name", help="run directory name (default: as llm-pg fit names it)")
-    parser.add_argument("--gpus", type=int, default=1, help="H100s in one container, trained with DDP (default 1)")
-    parser.add_argument("--local", action="store_true", help="run here, in-process, with runs under ./runs")
-    args = parser.parse_args(list(argv))
-    args.overrides = dict(parse_override(o) for o in args.override)
-    if "seed" in args.overrides or "run_name" in args.overrides:
-        parser.error("use --seed and --run_name, not --override, for the seed and the run name")
-    args.run_name = args.run_name or default_run_name(args.config, args.seed)
-    return args
 
 
 def repo_config(config: str) -> str:
@@ -237,6 +148,15 @@ def main(*argv: str) -> None:
     _announce(args.run_name)
 
 
+@app.function(cpu=4.0, memory=16384, timeout=2 * 60 * 60, volumes={REMOTE_HF: hf_volume})
+def prefetch(config: str, overrides: dict[str, Any]) -> str:
+    """Download a config's model and dataset into the HF-cache Volume once, before a sweep's runs start: runs
+    started together would otherwise each download them, and the Volume keeps whichever commit came last."""
+    fetched = prefetch_assets(config, overrides)
+    hf_volume.commit()
+    return fetched
+
+
 # A sweep is orchestrated by a small container rather than by the local entrypoint: a detached app keeps only
 # the last function a local entrypoint started alive once the terminal goes away. The orchestrator is not
 # preemptible, because a restart would start its runs a second time, racing the first copies.
@@ -253,6 +173,8 @@ def sweep(*argv: str) -> str:
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     runs = select(expand(spec), seeds, args.only.split(",") if args.only else None)
     repo_config(runs[0].config)  # fail here, not in every run
+    for run in prefetch_plan(runs):
+        print(prefetch.remote(run.config, dict(run.overrides)), flush=True)
     function = _gpu_function(args.gpus)
     calls = [(run, function.spawn(run.config, dict(run.overrides), run.name, run.seed, args.gpus)) for run in runs]
     print(f"sweep {spec['name']}: {len(calls)} runs started, in Volume {RUNS_VOLUME} under /{spec['name']}/")

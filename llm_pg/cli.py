@@ -1,27 +1,105 @@
 """`llm-pg`: LightningCLI for `fit` / `validate`, plus the project's own commands.
 
 llm-pg fit --config configs/tiny/format_copy_grpo.yaml [--model.init_args.kl_coef 0.1] [--seed 1]
+llm-pg fit --config ... --ckpt_path last        # continue the run from its newest checkpoint that verifies
+llm-pg fit --config ... --overwrite true        # start afresh; the old run is moved to <run dir>.old-<time>
 llm-pg validate --config configs/tiny/format_copy_grpo.yaml     # the pre-RL baseline alone
 llm-pg pretrain-tiny [--out DIR]                                # remake the bundled tiny model
 llm-pg eval-tiny                                                # base metrics of the tiny model
 llm-pg sweep FILE | report RUN_DIR... | bundle RUN_DIR... --out FILE.zip
+
+A config error prints one line and exits 2 (`--debug` or LLM_PG_DEBUG=1: the traceback); SIGTERM / SIGINT
+save the finished iteration and exit 143 / 130 with the command that resumes the run.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.trainer.states import TrainerStatus
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from llm_pg.callbacks import IterationCheckpoint
+from llm_pg.callbacks.checkpoint import VerifiedCheckpointIO, newest_verified, read_header, verify
 from llm_pg.data.datamodule import PromptGroupDataModule
 from llm_pg.loggers import default_loggers
 from llm_pg.modules.base import PolicyGradientModule
+from llm_pg.run_config import class_defaults, config_changes, plain_config
+from llm_pg.runs import RunDirError, RunLock, claim, is_rank_zero, mark_complete, trim_logs
+
+
+def _debug() -> bool:
+    return os.environ.get("LLM_PG_DEBUG", "") not in ("", "0")
+
+
+def one_line(message: str) -> str:
+    """The sentence that matters in a jsonargparse / constructor error: the constructor's own message when the
+    error wraps one, without the subtype list and the dump of the given value."""
+    noise = ("Subtypes:", "Given value", "Errors:", "- Expected a <class 'NoneType'>", "tip:")
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    kept = [line.removeprefix("- ") for line in lines if not line.startswith(noise)]
+    union = "Does not validate against any of the Union subtypes"
+    return " ".join(part for part in (line.replace(union, "").strip() for line in kept) if part)
+
+
+class OneLineErrorParser(LightningArgumentParser):
+    """Parse errors as one line on stderr and exit 2, instead of the usage text and the whole config."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if _debug() or not self.exit_on_error:
+            return super().error(message, ex)
+        sys.stderr.write(f"llm-pg: error: {one_line(message)} (--debug: details)\n")
+        sys.exit(2)
+
+
+class RunInterrupted(Exception):
+    """SIGTERM/SIGINT stopped `fit` between iterations, after saving the last finished one."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class RunSession:
+    """What one `llm-pg fit` holds besides the trainer: the run dir's lock and the checkpoint callback."""
+
+    def __init__(self, args: list[str] | None) -> None:
+        self.args = list(sys.argv[1:] if args is None else args)
+        self.locks: list[RunLock] = []
+        self.checkpoint: IterationCheckpoint | None = None
+        self.resume_iteration: int | None = None
+        self.run_config: dict[str, Any] | None = None
+        self.fitting = False  # past set-up: a ValueError now is a bug to show in full, not a config error
+
+    def interrupted(self, default_signal: int = signal.SIGINT) -> RunInterrupted:
+        signum = (self.checkpoint.received_signal if self.checkpoint else None) or default_signal
+        name = signal.Signals(signum).name
+        words = [w for w in self.args if not w.startswith(("--ckpt_path", "--overwrite"))]
+        words = [w for i, w in enumerate(words) if i == 0 or words[i - 1] not in ("--ckpt_path", "--overwrite")]
+        saved = self.checkpoint.saved_iteration if self.checkpoint else None
+        where = f"iteration {saved} is saved in last.ckpt" if saved is not None else "no iteration finished"
+        message = f"llm-pg: stopped by {name}; {where}. Resume: llm-pg {shlex.join(words)} --ckpt_path last"
+        return RunInterrupted(message, 128 + signum)
+
+    def release(self) -> None:
+        for lock in self.locks:
+            lock.release()
+        self.locks.clear()
 
 
 class LLMPGCLI(LightningCLI):
+    def __init__(self, *args, session: RunSession | None = None, **kwargs) -> None:
+        self.session = session or RunSession(kwargs.get("args"))
+        kwargs.setdefault("parser_class", OneLineErrorParser)
+        super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--seed", type=int, default=0, help="Derives every seed of the run (data, sampling, init).")
         parser.add_argument(
@@ -31,6 +109,12 @@ class LLMPGCLI(LightningCLI):
             help="Run dir: <runs_root>/<run_name> (default: from the config).",
         )
         parser.add_argument("--runs_root", type=str, default="runs", help="Folder that holds the run directories.")
+        parser.add_argument(
+            "--overwrite",
+            type=bool,
+            default=False,
+            help="fit into a run dir that holds a run: move the old run to <dir>.old-<time> and start afresh.",
+        )
         parser.add_argument(
             "--wandb_project",
             type=str | None,
@@ -58,15 +142,85 @@ class LLMPGCLI(LightningCLI):
         if self.subcommand == "fit":  # evaluation during fit is the EvalCallback's, by iteration
             config.trainer.limit_val_batches = 0
             config.trainer.num_sanity_val_steps = 0
+            self._prepare_run(config)
+
+    def _prepare_run(self, config) -> None:
+        """Own the run dir, pick the checkpoint to resume from, check it was trained under this config, and
+        drop what iterations after it logged. DDP ranks other than zero only pick the same checkpoint."""
+        directory = Path(config.trainer.default_root_dir)
+        owner = is_rank_zero()
+        if owner:
+            self.session.locks.append(claim(directory, config.ckpt_path is not None, config.overwrite))
+        self.session.run_config = plain_config(config)
+        if config.ckpt_path is None:
+            return
+        path = _resolve_checkpoint(str(config.ckpt_path), directory / "checkpoints", announce=owner)
+        if path is None:
+            config.ckpt_path = None
+            if owner:
+                trim_logs(directory, None)
+            return
+        config.ckpt_path = str(path)
+        iteration, stored = read_header(path)
+        if stored is not None:
+            changes = config_changes(stored, self.session.run_config, class_defaults(self.session.run_config))
+            if changes:
+                raise RunDirError(
+                    f"{path} was trained with other settings: {'; '.join(changes)}. Resume with the settings it was "
+                    "trained with, or start a new run (--run_name)"
+                )
+        self.session.resume_iteration = iteration
+        if owner:
+            trim_logs(directory, iteration, final=iteration >= config.model.init_args.iterations)
 
     def instantiate_trainer(self, **kwargs):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         if config.trainer.logger in (None, True):
-            resume = self.subcommand == "fit" and config.get("ckpt_path") is not None
-            kwargs["logger"] = default_loggers(
-                config.trainer.default_root_dir, config.run_name, config.wandb_project, resume
-            )
-        return super().instantiate_trainer(**kwargs)
+            resume = self.session.resume_iteration is not None
+            log_dir = Path(config.trainer.default_root_dir)
+            if self.subcommand not in (None, "fit"):  # `validate` must not replace a trained run's metrics.csv
+                log_dir = log_dir / self.subcommand
+            kwargs["logger"] = default_loggers(str(log_dir), config.run_name, config.wandb_project, resume)
+        if not config.trainer.get("plugins"):
+            kwargs["plugins"] = [VerifiedCheckpointIO()]
+        checkpoint = config.get("checkpoint")
+        if isinstance(checkpoint, IterationCheckpoint):
+            checkpoint.run_config = self.session.run_config
+            self.session.checkpoint = checkpoint
+        trainer = super().instantiate_trainer(**kwargs)
+        if self.session.checkpoint is not None:
+            trainer.callbacks.insert(0, self.session.checkpoint.save_before_rollout)
+        return trainer
+
+    def before_fit(self) -> None:
+        self.session.fitting = True
+
+    def after_fit(self) -> None:
+        """`COMPLETE`, written last: the run reached its final iteration and wrote `final/`."""
+        trainer, module = self.trainer, self.model
+        directory = Path(trainer.default_root_dir)
+        finished = trainer.state.status == TrainerStatus.FINISHED and module.iteration >= module.hparams.iterations
+        if trainer.is_global_zero and finished and (directory / "final").is_dir():
+            mark_complete(directory, module.iteration)
+
+
+def _resolve_checkpoint(ckpt_path: str, directory: Path, announce: bool) -> Path | None:
+    """`last`: the newest checkpoint in `directory` that verifies (None when there is none at all); a path: that
+    file, if it verifies. Lightning's other names (`best`, `hpc`) are not used by these runs."""
+    if ckpt_path != "last":
+        reason = verify(ckpt_path)
+        if reason not in (None, "no .sha256 beside it"):
+            raise RunDirError(f"--ckpt_path {ckpt_path}: {reason}; give another checkpoint or --ckpt_path last")
+        return Path(ckpt_path)
+    path, skipped = newest_verified(directory)
+    if announce:
+        for note in skipped:
+            print(f"llm-pg: {note}", flush=True)
+    if path is None and skipped:
+        raise RunDirError(f"no checkpoint in {directory} verifies; start afresh with --overwrite true")
+    if announce:
+        print(f"llm-pg: resuming from {path}" if path else f"llm-pg: no checkpoint in {directory}: starting afresh")
+    return path
 
 
 def _default_run_name(config) -> str:
@@ -80,16 +234,28 @@ def _default_run_name(config) -> str:
     return name if config.seed == 0 else f"{name}_seed{config.seed}"
 
 
-def run_cli(args: list[str] | None = None) -> LLMPGCLI:
-    return LLMPGCLI(
-        PolicyGradientModule,
-        PromptGroupDataModule,
-        subclass_mode_model=True,
-        seed_everything_default=False,
-        save_config_kwargs={"overwrite": True},
-        trainer_defaults={"log_every_n_steps": 1, "max_epochs": -1, "enable_model_summary": False},
-        args=args,
-    )
+def run_cli(args: list[str] | None = None, session: RunSession | None = None) -> LLMPGCLI:
+    """LightningCLI on `args` (None: sys.argv). Raises RunInterrupted when SIGTERM/SIGINT stopped `fit`."""
+    session = session or RunSession(args)
+    try:
+        return LLMPGCLI(
+            PolicyGradientModule,
+            PromptGroupDataModule,
+            subclass_mode_model=True,
+            seed_everything_default=False,
+            save_config_kwargs={"overwrite": True},
+            trainer_defaults={"log_every_n_steps": 1, "max_epochs": -1, "enable_model_summary": False},
+            args=args,
+            session=session,
+        )
+    except SIGTERMException as error:
+        raise session.interrupted(signal.SIGTERM) from error
+    except SystemExit as error:  # Lightning's exit(1) after a second Ctrl-C
+        if session.checkpoint is not None and session.checkpoint.received_signal is not None:
+            raise session.interrupted() from error
+        raise
+    finally:
+        session.release()
 
 
 COMMANDS = {  # llm-pg <command>: the project's own commands beside LightningCLI's fit/validate
@@ -102,12 +268,26 @@ COMMANDS = {  # llm-pg <command>: the project's own commands beside LightningCLI
 
 
 def main(argv: list[str] | None = None) -> None:
-    words = sys.argv[1:] if argv is None else argv
+    words = sys.argv[1:] if argv is None else list(argv)
     if words and words[0] in COMMANDS:
         import importlib
 
         sys.exit(importlib.import_module(COMMANDS[words[0]]).main(words[1:]))
-    run_cli(argv)  # None: LightningCLI reads sys.argv itself
+    if "--debug" in words:
+        words.remove("--debug")
+        os.environ["LLM_PG_DEBUG"] = "1"
+    session = RunSession(words)
+    sys.argv[1:] = words  # LightningCLI reads sys.argv itself (and warns when given args that differ from it)
+    try:
+        run_cli(None, session)
+    except RunInterrupted as stop:
+        print(stop, file=sys.stderr, flush=True)
+        sys.exit(stop.exit_code)
+    except ValueError as error:  # a constructor's check, a run-dir or checkpoint refusal: the sentence is enough
+        if _debug() or session.fitting:
+            raise
+        print(f"llm-pg: error: {one_line(str(error))} (--debug: details)", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -5,17 +5,24 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
+# The run dir always holds files when the CSV logger starts (its `.lock`; a resumed run's logs): `llm_pg.runs.claim`
+# has already checked that this run owns it, so Lightning's warning about a non-empty directory says nothing here.
+warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+
 
 class ResumableCSVLogger(CSVLogger):
     """A CSVLogger writing `<run dir>/metrics.csv` that, when `resume` is set, keeps the rows already there.
 
-    Lightning's CSVLogger deletes an existing metrics.csv when it starts; a resumed run must append.
-    Iterations replayed after the last checkpoint appear twice; readers keep the later row.
+    Lightning's CSVLogger deletes an existing metrics.csv when it starts; a resumed run must append. Before
+    a resume the CLI has dropped the rows of iterations after the checkpoint (`llm_pg.runs.trim_logs`), so
+    the replay writes each iteration's row once. Rows reach the file when the checkpoint callback flushes
+    the loggers, before every checkpoint write.
     """
 
     def __init__(self, run_dir: str, resume: bool = False) -> None:

@@ -18,6 +18,7 @@ import argparse
 import csv
 import json
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ LOG_SCALE = {"train/kl", "train/grad_norm"}  # their spikes span orders of magni
 TIME_COLUMNS = ("time/rollout", "time/update", "time/eval")
 TARGET = 0.9  # "iterations to reach 0.9 eval exact match"
 SEED = re.compile(r"_seed\d+$")
+OLD_RUN = re.compile(r"\.old-\d{8}-\d{6}(-\d+)?$")
 MARKDOWN_SPECIALS = set("\\`*_[]<>|&~#!")
 
 
@@ -63,21 +65,49 @@ class RunLog:
         return np.array([s for s, _ in points], dtype=float), np.array([v for _, v in points], dtype=float)
 
 
-def read_run(path: str | Path) -> RunLog:
-    """A run directory's metrics.csv, generations.jsonl and (for kl_coef) config.yaml."""
-    path = Path(path)
+class DamagedRun(ValueError):
+    """A run file that cannot be read as the trainer writes it; the message names the file and the line."""
+
+
+def _read_metrics(file: Path) -> dict[str, dict[int, float]]:
     series: dict[str, dict[int, float]] = {}
-    with (path / "metrics.csv").open(newline="") as f:
-        for row in csv.DictReader(f):
-            step = int(float(row["step"]))
-            for column, text in row.items():
-                if column != "step" and text not in ("", None):
-                    series.setdefault(column, {})[step] = float(text)
-    generations = []
-    if (path / "generations.jsonl").is_file():
-        with (path / "generations.jsonl").open() as f:
-            generations = [json.loads(line) for line in f if line.strip()]
-    config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
+    with file.open(newline="") as f:
+        reader = csv.DictReader(f)
+        for row in reader:
+            if None in row or None in row.values():  # more or fewer fields than the header: a row cut short
+                raise DamagedRun(f"{file}: line {reader.line_num} does not match the header (cut short?)")
+            try:
+                step = int(float(row["step"]))
+                for column, text in row.items():
+                    if column != "step" and text != "":
+                        series.setdefault(column, {})[step] = float(text)
+            except (KeyError, ValueError) as error:
+                raise DamagedRun(f"{file}: line {reader.line_num}: {error!r}") from error
+    return series
+
+
+def _read_generations(file: Path) -> list[dict]:
+    rows = []
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as error:
+            raise DamagedRun(f"{file}: line {number} is not JSON ({error.msg}; cut short?)") from error
+    return rows
+
+
+def read_run(path: str | Path) -> RunLog:
+    """A run directory's metrics.csv, generations.jsonl and (for kl_coef) config.yaml; DamagedRun names the file
+    that cannot be read."""
+    path = Path(path)
+    series = _read_metrics(path / "metrics.csv")
+    generations = _read_generations(path / "generations.jsonl") if (path / "generations.jsonl").is_file() else []
+    try:
+        config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
+    except yaml.YAMLError as error:
+        raise DamagedRun(f"{path / 'config.yaml'}: not YAML ({error})") from error
     if ((config or {}).get("model") or {}).get("init_args", {}).get("kl_coef") == 0:
         series.pop("train/kl", None)  # no reference model: the logged 0 is a placeholder, not a measurement
     return RunLog(path, series, generations)
@@ -90,7 +120,8 @@ def run_dirs(paths: Sequence[str | Path]) -> list[Path]:
         if (path / "metrics.csv").is_file():
             found.append(path)
         else:
-            inner = sorted(p.parent for p in path.glob("*/metrics.csv"))
+            # `<run>.old-<time>` folders hold runs that `llm-pg fit --overwrite true` moved aside: not this sweep's.
+            inner = sorted(p.parent for p in path.glob("*/metrics.csv") if not OLD_RUN.search(p.parent.name))
             if not inner:
                 raise FileNotFoundError(f"{path}: no metrics.csv here or in its subfolders")
             found += inner
@@ -355,7 +386,14 @@ def write_report(paths: Sequence[str | Path], out: str | Path, samples: int = 4,
     """Read the runs, write the PNGs and report.md into `out`; returns the report's path and its table."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = [read_run(p) for p in run_dirs(paths)]
+    runs = []
+    for path in run_dirs(paths):
+        try:
+            runs.append(read_run(path))
+        except (DamagedRun, OSError) as error:  # one damaged run must not hide the others
+            print(f"llm-pg report: skipping {path}: {error}", file=sys.stderr)
+    if not runs:
+        raise SystemExit("llm-pg report: no readable run among the ones given")
     unordered = group_runs(runs)
     groups = {name: unordered[name] for name in speed_order(unordered)}
     longest = max((len(r.series.get("train/reward", {})) for r in runs), default=0)

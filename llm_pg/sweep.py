@@ -21,8 +21,9 @@ share one folder that `llm-pg report` and `modal volume get` take whole.
     llm-pg sweep FILE [--dry-run] [--runs_root runs] [--seeds 0,1] [--only a,b] [extra `llm-pg fit` flags]
 
 runs them here, one after another, each as its own `llm-pg fit` process: a finished run (it has
-`final/`) is skipped, an interrupted one (it has `checkpoints/last.ckpt`) resumes. On Modal, in parallel:
-`modal run --detach launch.py::sweep --file FILE`.
+`COMPLETE`, written after `final/` at the end of its last iteration) is skipped; an interrupted one (anything
+else in its directory: SIGTERM, a crash, a kill) resumes from its newest checkpoint that verifies. On Modal, in
+parallel: `modal run --detach launch.py::sweep --file FILE`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import argparse
 import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -40,6 +42,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from llm_pg.runs import has_contents, is_complete
+
+__all__ = ["Run", "expand", "is_complete", "load_sweep", "main", "outcome", "resume_flag", "select"]
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")  # one path component, safe in a shell and on W&B
 SWEEP_KEYS = {"name", "base", "seeds", "overrides", "runs"}
@@ -90,14 +96,22 @@ def override_args(overrides: Mapping[str, Any]) -> list[str]:
     return args
 
 
-def is_complete(run_dir: str | Path) -> bool:
-    """A run is finished when the trainer has written its final policy (`final/`, at the end of fit)."""
-    return (Path(run_dir) / "final").is_dir()
-
-
 def resume_flag(run_dir: str | Path) -> list[str]:
-    """`["--ckpt_path", "last"]` when the run has a `last.ckpt` to resume from, else `[]`."""
-    return ["--ckpt_path", "last"] if (Path(run_dir) / "checkpoints" / "last.ckpt").is_file() else []
+    """`["--ckpt_path", "last"]` when an earlier attempt left anything in the run dir, else `[]`.
+
+    `llm-pg fit` refuses a fresh start into a run dir that holds files; with `--ckpt_path last` it continues
+    from the newest checkpoint that verifies, or starts afresh when the attempt died before its first one.
+    """
+    return ["--ckpt_path", "last"] if has_contents(run_dir) else []
+
+
+def outcome(returncode: int) -> str:
+    """How one `llm-pg fit` ended, as the sweep reports it."""
+    if returncode == 0:
+        return "finished"
+    if returncode in (128 + signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGTERM, -signal.SIGINT):
+        return "interrupted (saved; the next sweep resumes it)"
+    return f"failed (exit {returncode})"
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -171,21 +185,30 @@ def main(argv: Sequence[str]) -> int:
     if not runs:
         parser.error(f"--seeds {args.seeds} selects none of the sweep's seeds {spec.get('seeds', [0])}")
     failed: list[str] = []
+    finished = 0
     start = time.perf_counter()
     for i, run in enumerate(runs, 1):
         run_dir = Path(args.runs_root) / run.name
-        done, resume = is_complete(run_dir), bool(resume_flag(run_dir))
+        done = is_complete(run_dir)
+        resume = not done and bool(resume_flag(run_dir))
         fit_args = [*run.fit_args(args.runs_root, resume), *extra]
         status = "done, skipped" if done else "resuming" if resume else "new"
         print(f"[{i}/{len(runs)}] {run.name} ({status})\n  llm-pg fit {shlex.join(fit_args)}", flush=True)
         if args.dry_run or done:
+            finished += done
             continue
-        if subprocess.run([sys.executable, "-m", "llm_pg.cli", "fit", *fit_args], check=False).returncode != 0:
-            failed.append(run.name)
+        returncode = subprocess.run([sys.executable, "-m", "llm_pg.cli", "fit", *fit_args], check=False).returncode
+        if returncode == 0:
+            finished += 1
+            continue
+        failed.append(f"{run.name}: {outcome(returncode)}")
+        if returncode in (128 + signal.SIGINT, -signal.SIGINT):  # Ctrl-C stops the sweep, not just this run
+            failed += [f"{later.name}: not started" for later in runs[i:]]
+            break
     if not args.dry_run:
         minutes = (time.perf_counter() - start) / 60
-        print(f"sweep: {len(runs) - len(failed)}/{len(runs)} runs finished in {minutes:.1f} min")
+        print(f"sweep: {finished}/{len(runs)} runs finished in {minutes:.1f} min")
         print(f"report: llm-pg report {Path(args.runs_root) / str(spec['name'])} --out reports/{spec['name']}")
     if failed:
-        print("failed: " + ", ".join(failed), file=sys.stderr)
+        print("not finished:\n  " + "\n  ".join(failed), file=sys.stderr)
     return 1 if failed else 0

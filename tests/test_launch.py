@@ -2,8 +2,11 @@
 `llm-pg fit` accepts, resuming from `last` exactly when the run has a checkpoint."""
 
 import importlib.util
+import os
 import re
+import signal
 import sys
+import threading
 from subprocess import Popen
 from types import SimpleNamespace
 from typing import ClassVar
@@ -13,6 +16,9 @@ import pytest
 import yaml
 from conftest import ROOT
 from jsonargparse import Namespace
+
+from llm_pg import modal_support
+from llm_pg.sweep import expand
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +111,7 @@ class FakeChild:
 
 
 def test_retry_resumes_from_last_checkpoint_and_a_finished_run_is_left_alone(launch, tmp_path, monkeypatch):
-    monkeypatch.setattr(launch.subprocess, "Popen", FakeChild)
+    monkeypatch.setattr(modal_support.subprocess, "Popen", FakeChild)
     FakeChild.commands, commits = [], []
     run = dict(config="configs/format_copy/grpo.yaml", overrides={}, run_name="fc", runs_root=str(tmp_path))
     assert launch.run_fit(**run, commit=lambda: commits.append(1)) == "finished"
@@ -117,10 +123,15 @@ def test_retry_resumes_from_last_checkpoint_and_a_finished_run_is_left_alone(lau
         launch.run_fit(**run, commit=lambda: commits.append(1))
     assert FakeChild.commands[-1][-2:] == ["--ckpt_path", "last"]
     assert len(commits) == 2  # the run directory is persisted after every attempt, failed ones included
+    FakeChild.returncode = 143  # stopped by SIGTERM: saved, but not finished; Modal's retry resumes it
+    with pytest.raises(RuntimeError, match=r"stopped by a signal \(exit 143\); saved, a retry resumes it"):
+        launch.run_fit(**run)
     FakeChild.returncode = 0
-    (tmp_path / "fc" / "final").mkdir()
+    (tmp_path / "fc" / "final").mkdir()  # final/ alone does not make a run finished: COMPLETE, written last, does
+    assert launch.run_fit(**run) == "finished"
+    (tmp_path / "fc" / "COMPLETE").write_text("{}")
     assert launch.run_fit(**run) == "already finished"
-    assert len(FakeChild.commands) == 2
+    assert len(FakeChild.commands) == 4
 
 
 def test_fetch_command_lands_the_run_under_runs(launch):
@@ -149,8 +160,8 @@ def test_no_secret_lookup_without_credentials(launch, monkeypatch):
 
 def test_an_interrupted_launch_stops_training_and_still_commits(launch, tmp_path, monkeypatch):
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
-    monkeypatch.setattr(launch, "fit_command", lambda *args: sleeper)
-    monkeypatch.setattr(launch, "COMMIT_EVERY_S", 0.2)
+    monkeypatch.setattr("llm_pg.modal_support.fit_command", lambda *args: sleeper)
+    monkeypatch.setattr("llm_pg.modal_support.COMMIT_EVERY_S", 0.2)
     commits = []
 
     def commit():  # the first periodic commit is where the interrupt (a preemption's SIGINT) lands
@@ -159,8 +170,61 @@ def test_an_interrupted_launch_stops_training_and_still_commits(launch, tmp_path
             raise KeyboardInterrupt
 
     started = []
-    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: started.append(Popen(*a, **k)) or started[-1])
+    spawn = lambda *a, **k: started.append(Popen(*a, **k)) or started[-1]  # noqa: E731
+    monkeypatch.setattr(modal_support.subprocess, "Popen", spawn)
     with pytest.raises(KeyboardInterrupt):
         launch.run_fit("configs/format_copy/grpo.yaml", {}, "fc", runs_root=str(tmp_path), cwd=tmp_path, commit=commit)
     assert started[0].poll() is not None  # the training process is gone
     assert len(commits) == 2  # and the run directory was committed after it stopped
+
+
+def test_sigterm_to_the_launcher_stops_training_and_commits(launch, tmp_path, monkeypatch):
+    """A preemption's SIGTERM reaches the launcher: it must stop the training group and still commit."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    monkeypatch.setattr("llm_pg.modal_support.fit_command", lambda *args: sleeper)
+    monkeypatch.setattr("llm_pg.modal_support.POLL_S", 0.1)
+    started, commits = [], []
+    spawn = lambda *a, **k: started.append(Popen(*a, **k)) or started[-1]  # noqa: E731
+    monkeypatch.setattr(modal_support.subprocess, "Popen", spawn)
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt, match="signal 15"):
+        launch.run_fit("configs/format_copy/grpo.yaml", {}, "fc", runs_root=str(tmp_path), cwd=tmp_path,
+                       commit=lambda: commits.append(1))  # fmt: skip
+    timer.join()
+    assert started[0].poll() is not None and commits == [1]
+    assert signal.getsignal(signal.SIGTERM) is not modal_support._on_sigterm  # the handler is restored
+
+
+def test_the_volume_is_committed_soon_after_each_new_checkpoint(launch, tmp_path, monkeypatch):
+    marker = tmp_path / "fc" / "checkpoints" / "last.ckpt.sha256"
+    marker.parent.mkdir(parents=True)
+    writer = [sys.executable, "-c", f"import time, pathlib\nfor i in range(3):\n    time.sleep(0.4)\n"
+              f"    pathlib.Path({str(marker)!r}).write_text(str(i))\ntime.sleep(0.4)"]  # fmt: skip
+    monkeypatch.setattr("llm_pg.modal_support.fit_command", lambda *args: writer)
+    monkeypatch.setattr("llm_pg.modal_support.POLL_S", 0.05)
+    monkeypatch.setattr("llm_pg.modal_support.COMMIT_MIN_S", 0.0)
+    commits = []
+    status = launch.run_fit("c.yaml", {}, "fc", runs_root=str(tmp_path), cwd=tmp_path, commit=lambda: commits.append(1))
+    assert status == "finished"
+    assert len(commits) == 4  # one per new last.ckpt (3), one at the end; COMMIT_EVERY_S (300 s) never came
+
+
+def test_a_sweep_prefetches_each_model_and_dataset_once(tmp_path):
+    runs = modal_support.prefetch_plan(expand(SWEEP))
+    assert [r.name for r in runs] == ["abl/reference_seed0", "abl/qwen_seed0"]
+    config = str(ROOT / "configs/tiny/format_copy_grpo.yaml")
+    fetched = modal_support.prefetch_assets(config, {"data.prompts_per_step": 4})
+    assert fetched == f"{config}: model tiny (local), task FormatCopyTask"
+
+
+SWEEP = {
+    "name": "abl",
+    "base": "configs/tiny/format_copy_grpo.yaml",
+    "seeds": [0, 1],
+    "runs": {
+        "reference": {},
+        "kl0.2": {"model.init_args.kl_coef": 0.2},
+        "qwen": {"model.init_args.model_name_or_path": "Qwen/Qwen2.5-0.5B"},
+    },
+}

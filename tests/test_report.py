@@ -97,6 +97,26 @@ def test_a_folder_of_runs_stands_for_its_runs(tmp_path):
         report.run_dirs([tmp_path / "sweep" / "nothing"])
 
 
+def test_a_damaged_run_is_skipped_with_a_line_naming_its_file_and_the_rest_is_reported(tmp_path, capsys):
+    for name in ("a_seed0", "b_seed0", "c_seed0"):
+        fake_run(tmp_path / "sweep" / name, em=[0.2, 0.6], reward=[0.5, 1.3])
+    fake_run(tmp_path / "sweep" / "a_seed0.old-20261201-044512", em=[0.0], reward=[0.0])  # moved aside: not a run
+    csv_file = tmp_path / "sweep" / "b_seed0" / "metrics.csv"
+    csv_file.write_bytes(csv_file.read_bytes()[:-9])  # the last row cut short
+    jsonl = tmp_path / "sweep" / "c_seed0" / "generations.jsonl"
+    first = json.dumps({"iteration": 0, "prompt": "p", "completion": "x", "reward": 1.3})
+    jsonl.write_text(first + '\n{"iteration": 1, "pro')
+    _, summary = report.write_report([tmp_path / "sweep"], tmp_path / "out")
+    err = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert err == [
+        f"llm-pg report: skipping {tmp_path / 'sweep' / 'b_seed0'}: {csv_file}: line 5 does not match the header "
+        "(cut short?)",
+        f"llm-pg report: skipping {tmp_path / 'sweep' / 'c_seed0'}: {jsonl}: line 2 is not JSON "
+        "(Unterminated string starting at; cut short?)",
+    ]
+    assert [line.split(" | ")[0] for line in summary.splitlines()[2:]] == ["| a"]
+
+
 # ---- real runs -----------------------------------------------------------------------------------------
 
 

@@ -78,9 +78,9 @@ def test_misaligned_fields_are_rejected():
 
 
 def test_frac_zero_std_groups_counts_settled_groups_with_real_reward_values():
+    from llm_pg.callbacks.rollout import rollout_metrics
     from llm_pg.data.tasks.base import Score
     from llm_pg.losses import group_advantages
-    from llm_pg.callbacks.rollout import rollout_metrics
 
     # Three groups of 6: settled at 1.3 but one reward an ulp above the others (the same total summed in
     # another order), settled at 0.2, informative. The old test `std == 0` missed the first: the same

@@ -1,6 +1,7 @@
 """Sweep files: expansion into seeded, named runs; the shipped sweeps parse with the real `llm-pg fit` parser."""
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -74,10 +75,11 @@ def test_select_filters_by_seed_and_name():
         select(runs, only=["nope"])
 
 
-def test_resume_flag_only_with_a_last_checkpoint(tmp_path):
+def test_resume_flag_whenever_an_earlier_attempt_left_files(tmp_path):
+    assert resume_flag(tmp_path) == [] and resume_flag(tmp_path / "absent") == []
+    (tmp_path / ".lock").write_text("1 host\n")  # a lock alone is no attempt
     assert resume_flag(tmp_path) == []
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (tmp_path / "config.yaml").write_text("seed: 0\n")  # died before its first checkpoint: fit starts afresh
     assert resume_flag(tmp_path) == ["--ckpt_path", "last"]
 
 
@@ -85,13 +87,27 @@ def test_dry_run_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, caps
     sweep_file = tmp_path / "abl.yaml"
     sweep_file.write_text(yaml.safe_dump({k: v for k, v in SWEEP.items() if k != "name"}))
     (tmp_path / "runs/abl/reference_seed0/final").mkdir(parents=True)
+    (tmp_path / "runs/abl/reference_seed0/COMPLETE").write_text("{}")
     (tmp_path / "runs/abl/reference_seed3/checkpoints").mkdir(parents=True)
     (tmp_path / "runs/abl/reference_seed3/checkpoints/last.ckpt").write_bytes(b"")
+    (tmp_path / "runs/abl/reference_seed3/final").mkdir()  # final/ without COMPLETE: not finished
     assert main([str(sweep_file), "--runs_root", str(tmp_path / "runs"), "--dry-run", "--only", "reference"]) == 0
     out = capsys.readouterr().out
     assert "[1/2] abl/reference_seed0 (done, skipped)" in out
     assert "[2/2] abl/reference_seed3 (resuming)" in out
     assert out.count("--ckpt_path last") == 1
+
+
+def test_a_run_stopped_by_sigterm_is_not_counted_finished(tmp_path, capsys, monkeypatch):
+    sweep_file = tmp_path / "abl.yaml"
+    sweep_file.write_text(yaml.safe_dump({k: v for k, v in SWEEP.items() if k != "name"}))
+    codes = iter([0, 143, 0, 3])
+    monkeypatch.setattr("llm_pg.sweep.subprocess.run", lambda *a, **k: SimpleNamespace(returncode=next(codes)))
+    assert main([str(sweep_file), "--runs_root", str(tmp_path / "runs"), "--only", "reference,kl_coef0.2"]) == 1
+    captured = capsys.readouterr()
+    assert "sweep: 2/4 runs finished" in captured.out
+    assert "abl/kl_coef0.2_seed3: interrupted (saved; the next sweep resumes it)" in captured.err  # runs in run order
+    assert "abl/reference_seed3: failed (exit 3)" in captured.err
 
 
 SHIPPED = sorted((ROOT / "configs" / "sweeps").glob("*.yaml"))

@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from llm_pg.callbacks.evaluation import run_dir
+from llm_pg.runs import run_dir
 
 COLUMNS = ["iteration", "prompt", "completion", "reward", "advantage", "components"]
 

@@ -1,0 +1,90 @@
+"""What a checkpoint's config must share with the run that resumes from it.
+
+The checkpoint stores the run's resolved config (`plain_config`); a resume compares its own with it
+(`config_changes`) before any model loads, and stops when a setting that changes what is trained differs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+from typing import Any
+
+from llm_pg.data.datamodule import PromptGroupDataModule
+
+# Settings a resume may change: how long to train, how often to evaluate and log, where and how to save, and
+# the trainer's progress/logging knobs. Every other key changes what is trained, so a resume must keep it.
+RESUME_MAY_CHANGE = {
+    "model.init_args.iterations",
+    "model.init_args.eval_every",
+    "model.init_args.log_generations_every",
+    "model.init_args.eval_max_new_tokens",
+    "model.init_args.logprob_batch_size",
+    "data.eval_batch_size",
+    "run_name",
+    "runs_root",
+    "wandb_project",
+    "torch_threads",
+}
+RESUME_MAY_CHANGE_PREFIXES = ("checkpoint.", "trainer.")
+RESUME_MUST_KEEP = {"trainer.devices", "trainer.num_nodes", "trainer.precision"}  # world size and numerics
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and tree:
+        return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+    return {prefix.removesuffix("."): tree}
+
+
+def config_changes(
+    stored: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> list[str]:
+    """`key: old -> new` for every setting that differs between a checkpoint's config and this run's and
+    changes what is trained (anything but RESUME_MAY_CHANGE and the checkpoint/trainer progress keys).
+
+    A key the checkpoint's config lacks (added to the code since) is no change when it has its default value
+    (`defaults`, dotted keys): defaults reproduce the earlier behaviour."""
+    old, new, defaults = _flatten(stored), _flatten(current), defaults or {}
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        if key not in old and key in defaults and new.get(key) == defaults[key]:
+            continue
+        allowed = key in RESUME_MAY_CHANGE or key.startswith(RESUME_MAY_CHANGE_PREFIXES)
+        if old.get(key, "<unset>") != new.get(key, "<unset>") and (not allowed or key in RESUME_MUST_KEEP):
+            changes.append(f"{key}: {old.get(key, '<unset>')} -> {new.get(key, '<unset>')}")
+    return changes
+
+
+def plain_config(config) -> dict[str, Any]:
+    """The resolved config as plain JSON types, without the config-file paths and the checkpoint to resume."""
+    plain = json.loads(json.dumps(config.as_dict(), default=str))
+    for key in ("config", "ckpt_path", "overwrite"):
+        plain.pop(key, None)
+    return plain
+
+
+def class_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """Constructor defaults of the model, data module and task classes, as dotted config keys (plain JSON)."""
+
+    def of(cls: type, prefix: str) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):  # a subclass's default wins
+            for name, param in inspect.signature(klass.__init__).parameters.items():
+                if param.default is not inspect.Parameter.empty:
+                    found[f"{prefix}{name}"] = json.loads(json.dumps(param.default, default=str))
+        return found
+
+    def load(class_path: str) -> type:
+        module, _, name = class_path.rpartition(".")
+        return getattr(importlib.import_module(module), name)
+
+    defaults = of(PromptGroupDataModule, "data.")
+    for key, prefix in (("model", "model.init_args."), ("task", "data.task.init_args.")):
+        node = config.get("model") if key == "model" else (config.get("data") or {}).get("task")
+        if isinstance(node, dict) and node.get("class_path"):
+            try:
+                defaults |= of(load(node["class_path"]), prefix)
+            except (ImportError, AttributeError, ValueError, TypeError):
+                continue
+    return defaults
