@@ -178,12 +178,26 @@ def aggregate(
     raise ValueError(f"loss aggregation must be one of {LOSS_AGGREGATIONS}, got {mode!r}")
 
 
-def _kl_term(logp: Tensor, ref_logp: Tensor | None, mask: Tensor, kl_coef: float) -> tuple[Tensor, Tensor]:
-    """`(kl_coef * tokmean(approx_kl), tokmean(approx_kl))`, zeros without a reference."""
+def _kl_term(
+    logp: Tensor,
+    ref_logp: Tensor | None,
+    mask: Tensor,
+    kl_coef: float,
+    aggregation: str = "seq_mean_token_mean",
+    num_tokens: float | Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """`(kl_coef * tokmean(approx_kl), tokmean(approx_kl))`, zeros without a reference.
+
+    Under `token_mean` the penalty term is `kl_coef * sum(approx_kl) / num_tokens` instead, so that the whole
+    step's loss is one mean over its tokens; the returned statistic stays the micro-batch's token mean.
+    """
     if ref_logp is None:
         zero = logp.new_zeros(())
         return zero, zero
-    kl = masked_mean(approx_kl(logp, ref_logp), mask)
+    per_token = approx_kl(logp, ref_logp)
+    kl = masked_mean(per_token, mask)
+    if aggregation == "token_mean":
+        return kl_coef * aggregate(per_token, mask, "token_mean", num_tokens=num_tokens), kl
     return kl_coef * kl, kl
 
 
@@ -199,7 +213,8 @@ def reinforce_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GR-REINFORCE: `loss = -aggregate(A_i * logp_it) + kl_coef * tokmean(approx_kl)`.
 
-    With the default aggregation that is `-mean_i(A_i * seqmean_i(logp))`.
+    With the default aggregation that is `-mean_i(A_i * seqmean_i(logp))`. Under `token_mean` the KL term is
+    `kl_coef * sum(approx_kl) / num_tokens` too (`_kl_term`).
 
     Args:
         logp: `[B, C]` log pi_theta of the sampled completion tokens (with grad).
@@ -215,7 +230,7 @@ def reinforce_loss(
         policy_loss = -(advantages * masked_mean(logp, mask, dim=1)).mean()
     else:
         policy_loss = -aggregate(advantages.unsqueeze(1) * logp, mask, aggregation, max_new_tokens, num_tokens)
-    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef)
+    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens)
     return policy_loss + kl_loss, {"policy_loss": policy_loss.detach(), "kl": kl.detach()}
 
 
@@ -238,7 +253,8 @@ def grpo_loss(
     `loss = -aggregate(min(rho*A_i, clip(rho, 1-eps, 1+eps_high)*A_i)) + kl_coef * tokmean(approx_kl)`, with
     `rho_it = exp(logp_it - old_logp_it)` (`ratio_level="token"`, default) or the GSPO sequence ratio
     `rho_i = exp(seqmean_i(logp - old_logp))` broadcast over row i's tokens (`"sequence"`; Zheng et al. 2025).
-    `eps_high = clip_eps_high` (DAPO's clip-higher), default `clip_eps`.
+    `eps_high = clip_eps_high` (DAPO's clip-higher), default `clip_eps`. Under `token_mean` the KL term is
+    `kl_coef * sum(approx_kl) / num_tokens` (`_kl_term`).
 
     Args:
         logp, old_logp: `[B, C]` log-probs under the current and the sampling policy.
@@ -259,7 +275,7 @@ def grpo_loss(
     adv = advantages.unsqueeze(1)  # [B, 1]
     surrogate = torch.minimum(rho * adv, rho.clamp(1.0 - clip_eps, 1.0 + high) * adv)
     policy_loss = -aggregate(surrogate, mask, aggregation, max_new_tokens, num_tokens)
-    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef)
+    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens)
     clipped = ((rho > 1.0 + high) & (adv > 0)) | ((rho < 1.0 - clip_eps) & (adv < 0))
     rho_kept = rho.detach()[mask]
     stats = {

@@ -33,7 +33,7 @@ class RolloutBatch:
     completion_mask: Tensor  # [N, C] bool: completion tokens up to and including the first EOS
     rewards: Tensor  # [N] float32
     advantages: Tensor  # [N] float32, group-normalised and clipped
-    old_logp: Tensor | None = None  # [N, C] float32, log pi_old at the sampling temperature (GRPO)
+    old_logp: Tensor | None = None  # [N, C] float32, log pi_old at `logprob_temperature` (GRPO)
     ref_logp: Tensor | None = None  # [N, C] float32, log pi_ref (only when kl_coef > 0)
     prompt_len: int = 0  # P
     texts: list[str] = field(default_factory=list)  # [N] decoded completions
@@ -71,6 +71,21 @@ class RolloutBatch:
     @property
     def completion_ids(self) -> Tensor:  # [N, C]
         return self.input_ids[:, self.prompt_len :]
+
+    def trimmed(self) -> RolloutBatch:
+        """The batch cut to its longest completion `w` (real tokens by `attention_mask`): `[b, P+w]` sequences and
+        `[b, w]` completion-space fields. The columns cut are padding, masked in every loss and statistic."""
+        completion = self.input_ids.shape[1] - self.prompt_len
+        width = max(int(self.attention_mask[:, self.prompt_len :].sum(1).max()) if len(self) else 0, 1)
+        if width >= completion:
+            return self
+
+        def cut(t: Tensor) -> Tensor:
+            if t.ndim == 2 and t.shape[1] == self.prompt_len + completion:
+                return t[:, : self.prompt_len + width]
+            return t[:, :width] if t.ndim == 2 and t.shape[1] == completion else t
+
+        return self._map(cut, lambda values: values)
 
     def minibatches(self, minibatch_size: int, generator: torch.Generator | None = None) -> Iterator[RolloutBatch]:
         """Rows in a shuffled order (seeded by `generator`), `minibatch_size` at a time; the last may be short."""

@@ -382,3 +382,19 @@ def test_token_mean_under_accumulation_equals_one_big_micro_batch():
         (g_part,) = torch.autograd.grad(loss, part)
         g_acc[rows] = g_part
     torch.testing.assert_close(g_acc, g_full, rtol=1e-12, atol=1e-12)
+
+
+def test_token_mean_kl_term_is_a_share_of_the_step_token_mean():
+    # Three completion tokens, D = log pi_ref - log pi_theta = (ln 2, 0, 0): k3 = (2 - ln 2 - 1, 0, 0). Advantages 0,
+    # so the loss is the KL term alone: kl_coef * (1 - ln 2) / 6 with the step's 6 tokens, while the logged `kl` stays
+    # this micro-batch's token mean (1 - ln 2) / 3. Without num_tokens the term is the course's tokmean.
+    logp = torch.zeros(2, 2)
+    ref = torch.tensor([[math.log(2.0), 0.0], [0.0, 5.0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    zero = torch.zeros(2)
+    for loss_fn in (reinforce_loss, lambda *a, **k: grpo_loss(a[0], a[0], *a[1:], **k)):
+        loss, stats = loss_fn(logp, mask, zero, ref, kl_coef=0.1, aggregation="token_mean", num_tokens=6)
+        assert loss.item() == pytest.approx(0.1 * (1 - math.log(2)) / 6)
+        assert stats["kl"].item() == pytest.approx((1 - math.log(2)) / 3)
+        loss, _ = loss_fn(logp, mask, zero, ref, kl_coef=0.1, aggregation="token_mean")
+        assert loss.item() == pytest.approx(0.1 * (1 - math.log(2)) / 3)

@@ -2,13 +2,16 @@
 
 import csv
 import json
-import subprocess
-import sys
+import logging
 
 import pytest
 import torch
-from conftest import ROOT, fit
+from conftest import fit
+from test_logprobs import alone_logprobs
 from transformers import AutoModelForCausalLM
+
+from llm_pg.losses import grpo_loss
+from llm_pg.modules import GRPOModule
 
 DIGITS = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
 
@@ -69,8 +72,17 @@ def test_fit_trains_policy_and_leaves_reference_alone(tmp_path, random_model_dir
     assert (tmp_path / "run" / "config.yaml").exists()
 
 
-def test_first_grpo_micro_batch_has_ratio_one(tmp_path, random_model_dir):
-    # One pass, one micro-batch of all 8 rows: the policy has not moved, so rho = 1 and nothing is clipped.
+def test_first_grpo_micro_batch_has_ratio_one(tmp_path, random_model_dir, monkeypatch):
+    # One pass, one micro-batch of all 8 rows, sampled at T 0.8 and scored at logprob_temperature 1.0. pi_old is
+    # recomputed here another way (each row alone, unpadded, from the initial weights): rho = 1, nothing clipped.
+    calls = []
+    original_loss = GRPOModule.loss
+
+    def recording_loss(self, logp, rollout, *rest):
+        calls.append((logp.detach().clone(), rollout))
+        return original_loss(self, logp, rollout, *rest)
+
+    monkeypatch.setattr(GRPOModule, "loss", recording_loss)
     cli = fit(
         tmp_path,
         random_model_dir,
@@ -78,12 +90,24 @@ def test_first_grpo_micro_batch_has_ratio_one(tmp_path, random_model_dir):
         "--model.init_args.ppo_epochs=1",
         "--model.init_args.minibatch_size=8",
         "--model.init_args.grad_accum_steps=1",
+        "--model.init_args.temperature=0.8",
         *DIGITS,
     )
+    assert cli.model.optimizer_steps == 1 and len(calls) == 1
+    logp, part = calls[0]
+    initial = AutoModelForCausalLM.from_pretrained(random_model_dir).eval()
+    old_logp = torch.zeros_like(logp)
+    for row in range(len(part)):
+        old_logp[row][part.completion_mask[row]] = alone_logprobs(initial, part, row, temperature=1.0)
+    mask = part.completion_mask
+    ratio = torch.exp(logp - old_logp)[mask]
+    assert (ratio - 1).abs().max() < 1e-5
+    _, stats = grpo_loss(logp, old_logp, mask, part.advantages, clip_eps=0.2)
+    assert float(stats["clip_fraction"]) == 0.0
+    assert part.advantages.abs().sum() > 0  # a real policy gradient, not an all-zero group
     (row,) = [r for r in _metrics(tmp_path / "run") if "train/ratio_max" in r]
     assert row["train/ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert row["train/clip_fraction"] == 0.0
-    assert cli.model.optimizer_steps == 1
 
 
 def _generations(run_dir) -> list[dict]:
@@ -115,32 +139,6 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path, random_model_
     assert strip(runs["a"]) != strip(runs["c"])
 
 
-@pytest.mark.slow
-def test_ddp_two_cpu_processes(tmp_path, random_model_dir):
-    from conftest import SMALL
-
-    command = [
-        sys.executable,
-        "-m",
-        "llm_pg.cli",
-        "fit",
-        f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}",
-        f"--model.init_args.model_name_or_path={random_model_dir}",
-        f"--runs_root={tmp_path}",
-        "--run_name=ddp",
-        "--model.init_args.iterations=2",
-        "--trainer.devices=2",
-        "--trainer.strategy=ddp",
-        *SMALL,
-    ]
-    env = {"PYTHONPATH": str(ROOT / "tests"), "PATH": "/usr/bin:/bin", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = _metrics(tmp_path / "ddp")
-    assert sorted(r["step"] for r in rows if "train/reward" in r) == [1.0, 2.0]
-    assert (tmp_path / "ddp" / "checkpoints" / "last.ckpt").exists()
-
-
 def test_lora_trains_only_the_adapter_and_uses_the_base_as_reference(tmp_path, random_model_dir):
     initial = AutoModelForCausalLM.from_pretrained(random_model_dir).state_dict()
     cli = fit(
@@ -163,3 +161,19 @@ def test_lora_trains_only_the_adapter_and_uses_the_base_as_reference(tmp_path, r
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["state_dict"] and all("lora_" in k for k in checkpoint["state_dict"])
     assert (tmp_path / "run" / "final" / "adapter_model.safetensors").exists()
+
+
+def test_resume_after_the_final_iteration_trains_nothing(tmp_path, random_model_dir, caplog):
+    common = ["--model.init_args.iterations=2", *DIGITS, "--checkpoint.every_n_iterations=1"]
+    first = fit(tmp_path, random_model_dir, *common).model
+    weights = {name: weight.clone() for name, weight in first.policy.state_dict().items()}
+    with caplog.at_level(logging.INFO):
+        again = fit(tmp_path, random_model_dir, *common, "--ckpt_path=last").model
+    assert again.iteration == 2 and again.optimizer_steps == first.optimizer_steps
+    assert all(torch.equal(weight, weights[name]) for name, weight in again.policy.state_dict().items())
+    (line,) = [r.getMessage() for r in caplog.records if "run complete" in r.getMessage()]
+    assert line.startswith("run complete: 2 of model.iterations=2 iterations are done; nothing to train")
+    rows = _metrics(tmp_path / "run")
+    assert sorted(r["step"] for r in rows if "train/reward" in r) == [1.0, 2.0]  # no third iteration
+    # The resume re-runs the final eval (a kill may have cut the first one short) in place of the first one's row.
+    assert sorted(r["step"] for r in rows if "eval/exact_match" in r) == [0.0, 2.0]

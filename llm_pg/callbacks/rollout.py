@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import Callback
 
 from llm_pg.data.tasks.base import Score
 from llm_pg.generation import eos_token_ids, generate
-from llm_pg.losses import completion_mask, group_advantages, settled_groups
+from llm_pg.losses import advantages, completion_mask, settled_groups
 from llm_pg.rollout import RolloutBatch, derive_seed
 
 
@@ -19,8 +19,10 @@ class RolloutCallback(Callback):
 
     For the batch's `n` prompts it samples `group_size` completions each with the current policy
     (eval mode, no grad, KV cache; seeded from `(seed, iteration, rank)`), scores them with the task,
-    normalises rewards per group into clipped advantages, and computes pi_old log-probs (GRPO) and
-    pi_ref log-probs (only when `kl_coef > 0`) at the sampling temperature.
+    applies the rollout-side variants (`apply_variants`: group filtering, the advantage estimator and its clip,
+    masking of truncated rows), and computes pi_old log-probs (GRPO, unless the first training pass provides
+    them: `reuses_first_pass`) and pi_ref log-probs (only when `kl_coef > 0`) at `logprob_temperature` (raw
+    logits by default, as the course).
     """
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: dict, batch_idx: int) -> None:
@@ -28,24 +30,24 @@ class RolloutCallback(Callback):
         hp = module.hparams
         task = trainer.datamodule.task
         examples = batch["examples"]
-        sample = generate(
-            module.policy,
-            module.tokenizer,
-            [task.messages(e) for e in examples],
-            num_samples=hp.group_size,
-            max_new_tokens=hp.max_new_tokens,
-            min_new_tokens=hp.min_new_tokens,
-            temperature=hp.temperature,
-            top_p=hp.top_p,
-            max_prompt_tokens=hp.max_prompt_tokens,
-            chat_template=hp.chat_template,
-            seed=derive_seed(hp.seed, batch["index"], trainer.global_rank, "sample"),
-        )
+        with module.autocast():  # the compute dtype (bf16 on a GPU) over float32 master weights
+            sample = generate(
+                module.policy,
+                module.tokenizer,
+                [task.messages(e) for e in examples],
+                num_samples=hp.group_size,
+                max_new_tokens=hp.max_new_tokens,
+                min_new_tokens=hp.min_new_tokens,
+                temperature=hp.temperature,
+                top_p=hp.top_p,
+                max_prompt_tokens=hp.max_prompt_tokens,
+                chat_template=hp.chat_template,
+                seed=derive_seed(hp.seed, batch["index"], trainer.global_rank, "sample"),
+            )
         prompt_index = [i // hp.group_size for i in range(len(sample.texts))]
         scores = [task.score(text, examples[i]) for text, i in zip(sample.texts, prompt_index, strict=True)]
         device = sample.completion_ids.device
         rewards = torch.tensor([s.total for s in scores], dtype=torch.float32, device=device)
-        advantages = group_advantages(rewards, hp.group_size).clamp(-hp.adv_clip, hp.adv_clip)
         eos = eos_token_ids(module.policy, module.tokenizer)
         mask = completion_mask(sample.completion_ids, eos)
         rollout = RolloutBatch(
@@ -53,21 +55,43 @@ class RolloutCallback(Callback):
             attention_mask=torch.cat([sample.prompt_mask, mask.long()], dim=1),
             completion_mask=mask,
             rewards=rewards,
-            advantages=advantages,
+            advantages=torch.zeros_like(rewards),  # set below, on the rows that are kept
             prompt_len=sample.prompt_ids.shape[1],
             texts=sample.texts,
             prompt_index=prompt_index,
         )
-        if module.needs_old_logp:
+        metrics = rollout_metrics(rollout, scores, hp.group_size, eos)
+        rollout, scores, variant_metrics = apply_variants(rollout, scores, hp, eos)
+        if len(rollout) and module.needs_old_logp and not module.reuses_first_pass:
             rollout.old_logp = module.frozen_logprobs(rollout, reference=False)
-        if hp.kl_coef > 0:
+        if len(rollout) and hp.kl_coef > 0:
             rollout.ref_logp = module.frozen_logprobs(rollout, reference=True)
         batch["rollout"] = rollout
         batch["scores"] = scores
-        batch["rollout_metrics"] = {
-            **rollout_metrics(rollout, scores, hp.group_size, eos),
-            "time/rollout": time.perf_counter() - start,
-        }
+        batch["rollout_metrics"] = {**metrics, **variant_metrics, "time/rollout": time.perf_counter() - start}
+
+
+def apply_variants(
+    rollout: RolloutBatch, scores: list[Score], hp, eos: list[int]
+) -> tuple[RolloutBatch, list[Score], dict[str, float]]:
+    """The rollout-side options, in order: drop settled groups (`filter_zero_std_groups`, DAPO dynamic sampling),
+    compute the advantages of the rows left (`advantage`, then clipped to +-`adv_clip`), and zero the completion
+    mask of rows that end without an EOS (`mask_truncated`, DAPO overlong filtering). Returns the rollout, the
+    scores of its rows, and the counts of what the options removed (only for options that are on)."""
+    metrics: dict[str, float] = {}
+    if hp.filter_zero_std_groups:
+        settled = settled_groups(rollout.rewards, hp.group_size)  # [N/G]
+        keep = (~settled).repeat_interleave(hp.group_size).nonzero().view(-1).cpu()  # whole groups, in order
+        rollout = rollout.select(keep)
+        scores = [scores[i] for i in keep.tolist()]
+        metrics["train/filtered_groups"] = float(settled.sum())
+    if len(rollout):
+        rollout.advantages = advantages(rollout.rewards, hp.group_size, hp.advantage).clamp(-hp.adv_clip, hp.adv_clip)
+    if hp.mask_truncated:
+        truncated = ~torch.isin(rollout.completion_ids, torch.tensor(eos, device=rollout.input_ids.device)).any(1)
+        rollout.completion_mask = rollout.completion_mask & ~truncated.unsqueeze(1)  # [N, C]
+        metrics["train/masked_truncated"] = float(truncated.sum())
+    return rollout, scores, metrics
 
 
 def rollout_metrics(rollout: RolloutBatch, scores: list[Score], group_size: int, eos: list[int]) -> dict[str, float]:

@@ -2,8 +2,14 @@
 
 One Lightning training step is one RL iteration: the RolloutCallback has already sampled and scored
 a rollout (`batch["rollout"]`); `training_step` runs `epochs` shuffled passes over it in micro-batches
-of `minibatch_size` rows, accumulating `grad_accum_steps` micro-batches per clipped optimizer step.
-Subclasses define only `epochs` and `loss`.
+of `minibatch_size` rows, accumulating `grad_accum_steps` micro-batches per clipped optimizer step
+(`llm_pg/modules/update.py`). Subclasses define only `epochs` and `loss`.
+
+Precision: `dtype` is the compute dtype. Forward passes (rollout, log-probs, training, eval) run under
+`self.autocast()`; the optimizer updates float32 master weights (full fine-tuning) or float32 LoRA
+adapters over a frozen base in the compute dtype; the frozen full-fine-tuning reference is held in the
+compute dtype. Under DDP each backward runs with the reducer off and the accumulated gradient is
+all-reduced once per optimizer step.
 """
 
 from __future__ import annotations
@@ -11,20 +17,28 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from llm_pg.callbacks.evaluation import evaluate, run_dir
-from llm_pg.losses import masked_mean, token_entropy, token_logprobs
-from llm_pg.models import LoRA, default_dtype, frozen_copy, load_policy, load_tokenizer, resolve_model_path
+from llm_pg.evaluation import evaluate
+from llm_pg.losses import token_entropy, token_logprobs
+from llm_pg.models import (
+    LoRA,
+    default_dtype,
+    load_policy,
+    load_reference,
+    load_tokenizer,
+    master_dtype,
+    resolve_model_path,
+)
+from llm_pg.modules.settings import check_settings
+from llm_pg.modules.update import run_update
 from llm_pg.rollout import RolloutBatch, derive_seed
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
+from llm_pg.runs import run_dir
 
 
 class PolicyGradientModule(L.LightningModule, ABC):
@@ -34,7 +48,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         model_name_or_path: hub id, local directory, or `tiny` for the bundled CPU model.
         iterations: RL iterations to train (one rollout and its update each).
         lora: LoRA settings; `lora.r = 0` trains every weight and keeps a frozen copy as the reference.
-        dtype: `bfloat16`, `float32`, ...; default bf16 on a GPU and float32 on the CPU.
+        dtype: compute dtype, `bfloat16` or `float32` (null: bf16 on a GPU, float32 on the CPU). Trainable
+            weights are float32 whatever it is: full fine-tuning keeps float32 master weights, LoRA float32 adapters.
         gradient_checkpointing: recompute activations in the backward pass to save memory.
         chat_template: wrap prompts in the tokenizer's chat template.
         group_size: completions sampled per prompt (G).
@@ -47,10 +62,18 @@ class PolicyGradientModule(L.LightningModule, ABC):
         max_grad_norm: gradient-norm clip per optimizer step.
         adv_clip: advantages are clipped to +-adv_clip after group normalisation.
         temperature, top_p, max_new_tokens, min_new_tokens, max_prompt_tokens: sampling.
+        logprob_temperature: T in `log_softmax(logits / T)` for pi_theta, pi_old, pi_ref and the entropy. 1.0 (the
+            course): the raw model distribution; null: the sampling temperature (TRL). See docs/algorithms.md.
         eval_every: greedy evaluation every this many iterations (and at iteration 0 and the end).
         eval_max_new_tokens: generation budget for evaluation (default: max_new_tokens).
         logprob_batch_size: rows per no-grad forward pass for old/reference log-probs and evaluation.
         log_generations_every: iterations between sampled-completion tables (0: never).
+        advantage: estimator `grpo` (course) | `dr_grpo` | `rloo` | `reinforce_pp`; `adv_clip` applies after it.
+        loss_aggregation: `seq_mean_token_mean` (course) | `token_mean` | `seq_mean_token_sum_norm`.
+        filter_zero_std_groups: drop groups whose rewards are all equal from the update (DAPO dynamic sampling).
+        mask_truncated: completions that end without an EOS are left out of the loss (DAPO overlong filtering).
+        eval_samples, eval_temperature: k > 0 also samples k completions per eval prompt at this temperature and
+            logs `eval/pass_at_1` and `eval/pass_at_k`. See docs/algorithms.md, "Variants".
         seed: derives sampling, shuffling and dropout seeds (linked from the top-level `seed`).
     """
 
@@ -74,6 +97,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         adv_clip: float = 5.0,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        logprob_temperature: float | None = 1.0,
         max_new_tokens: int = 24,
         min_new_tokens: int = 0,
         max_prompt_tokens: int | None = None,
@@ -81,6 +105,12 @@ class PolicyGradientModule(L.LightningModule, ABC):
         eval_max_new_tokens: int | None = None,
         logprob_batch_size: int = 32,
         log_generations_every: int = 10,
+        advantage: str = "grpo",
+        loss_aggregation: str = "seq_mean_token_mean",
+        filter_zero_std_groups: bool = False,
+        mask_truncated: bool = False,
+        eval_samples: int = 0,
+        eval_temperature: float = 1.0,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -88,24 +118,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold trainable weights only (the reference never)
         self.lora = lora
-        _check(iterations >= 1, f"model.iterations must be >= 1, got {iterations}")
-        _check(group_size >= 2, f"model.group_size must be >= 2 to normalise rewards in a group, got {group_size}")
-        _check(prompts_per_step >= 1, f"data.prompts_per_step must be >= 1, got {prompts_per_step}")
-        _check(minibatch_size >= 1, f"model.minibatch_size must be >= 1, got {minibatch_size}")
-        _check(grad_accum_steps >= 1, f"model.grad_accum_steps must be >= 1, got {grad_accum_steps}")
-        rows = prompts_per_step * group_size
-        _check(
-            minibatch_size <= rows,
-            f"model.minibatch_size={minibatch_size} is larger than one iteration's {rows} rows "
-            f"(prompts_per_step {prompts_per_step} x group_size {group_size}); lower minibatch_size",
-        )
-        _check(kl_coef >= 0, f"model.kl_coef must be >= 0, got {kl_coef}")
-        _check(temperature > 0, f"model.temperature must be > 0 (use eval for greedy decoding), got {temperature}")
-        _check(0 < top_p <= 1, f"model.top_p must be in (0, 1], got {top_p}")
-        _check(max_new_tokens >= 1, f"model.max_new_tokens must be >= 1, got {max_new_tokens}")
-        _check(warmup_steps >= 0, f"model.warmup_steps must be >= 0, got {warmup_steps}")
-        _check(max_grad_norm > 0, f"model.max_grad_norm must be > 0, got {max_grad_norm}")
-        _check(eval_every >= 1, f"model.eval_every must be >= 1, got {eval_every}")
+        check_settings({**self.hparams, "lora": lora})  # hparams may hold the CLI's dict form of `lora`
         resolve_model_path(model_name_or_path)  # a missing local directory fails here, before any loading
         self.iteration = 0  # RL iterations completed; saved in checkpoints
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
@@ -115,6 +128,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self._clock = time.perf_counter()
         self.policy = None
         self.tokenizer = None
+        self.compute_dtype: torch.dtype | None = None  # set by configure_model
         self._reference: list[torch.nn.Module] = []  # a list, so the reference is not a submodule
 
     # ---- what the algorithms define -------------------------------------------------------------------
@@ -128,9 +142,17 @@ class PolicyGradientModule(L.LightningModule, ABC):
     def needs_old_logp(self) -> bool:
         return False
 
+    @property
+    def reuses_first_pass(self) -> bool:
+        """Whether pi_old is taken from the first pass instead of a separate no-grad pass (GRPO decides)."""
+        return False
+
     @abstractmethod
-    def loss(self, logp: Tensor, rollout: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one micro-batch from its policy log-probs `[b, C]`."""
+    def loss(
+        self, logp: Tensor, rollout: RolloutBatch, num_tokens: float | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one micro-batch from its policy log-probs `[b, C]`; `num_tokens`: the step's completion
+        tokens, for `loss_aggregation: token_mean` (None otherwise)."""
 
     # ---- models ---------------------------------------------------------------------------------------
 
@@ -138,11 +160,26 @@ class PolicyGradientModule(L.LightningModule, ABC):
         if self.policy is not None:
             return
         hp = self.hparams
-        dtype = getattr(torch, hp.dtype) if hp.dtype else default_dtype(self.device)
+        # Not self.device: the module moves to its device only after this hook.
+        device = self._trainer.strategy.root_device if self._trainer is not None else self.device
+        self.compute_dtype = getattr(torch, hp.dtype) if hp.dtype else default_dtype(device)
         self.tokenizer = load_tokenizer(hp.model_name_or_path)
-        self.policy = load_policy(hp.model_name_or_path, dtype, self.lora, hp.gradient_checkpointing)
+        weights = master_dtype(self.compute_dtype, self.lora)
+        self.policy = load_policy(hp.model_name_or_path, weights, self.lora, hp.gradient_checkpointing)
         if hp.kl_coef > 0 and not self.uses_lora:
-            self._reference = [frozen_copy(self.policy)]
+            self._reference = [load_reference(hp.model_name_or_path, self.compute_dtype)]
+
+    def autocast(self) -> AbstractContextManager:
+        """Forward passes in the compute dtype: autocast casts float32 weights per op (nothing to do in float32)."""
+        if self.compute_dtype in (None, torch.float32):
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The T of every log-prob and the entropy: `logprob_temperature`, or the sampling temperature when null."""
+        hp = self.hparams
+        return hp.temperature if hp.logprob_temperature is None else hp.logprob_temperature
 
     @property
     def uses_lora(self) -> bool:
@@ -153,17 +190,23 @@ class PolicyGradientModule(L.LightningModule, ABC):
         return self._reference[0] if self._reference else None
 
     def on_fit_start(self) -> None:
+        if self.hparams.filter_zero_std_groups and self.trainer.world_size > 1:
+            # Ranks would keep different numbers of rows, hence make different numbers of gradient all-reduces.
+            raise ValueError(
+                "model.filter_zero_std_groups=true is not supported under DDP (trainer.devices > 1) yet; "
+                "set it to false or train on one device"
+            )
         if self.reference is not None:
             self.reference.to(self.device)
 
     def on_train_start(self) -> None:
         self._clock = time.perf_counter() - self.elapsed_before
-        # One training step runs many backward passes and optimizer steps after a single forward of the
-        # DDP-wrapped module, which DDP's reducer cannot follow; gradients are averaged explicitly instead
-        # (`_average_gradients_across_ranks`), so the reducer is switched off.
-        wrapped = self.trainer.strategy.model
-        if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
-            wrapped.require_backward_grad_sync = False
+        if self.iteration >= self.hparams.iterations:  # resumed from the final checkpoint
+            rank_zero_info(
+                f"run complete: {self.iteration} of model.iterations={self.hparams.iterations} iterations are done; "
+                "nothing to train (raise model.iterations to continue)"
+            )
+            self.trainer.should_stop = True
 
     def configure_callbacks(self):
         from llm_pg.callbacks import EvalCallback, GenerationsCallback
@@ -174,19 +217,25 @@ class PolicyGradientModule(L.LightningModule, ABC):
     def sequence_logprobs(
         self, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """Completion log-probs `[b, C]` at the sampling temperature, and optionally the token entropy `[b, C]`."""
+        """Completion log-probs `[b, C]` at `logprob_temperature`, and optionally the token entropy `[b, C]`.
+
+        `out[i, c] = log_softmax(logits[i, P-1+c] / T)[input_ids[i, P+c]]`; positions number real tokens only,
+        so a left-padded row scores as it would alone.
+        """
         mask = rollout.attention_mask
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded prompts
         completion_len = rollout.input_ids.shape[1] - rollout.prompt_len
         # Only the last C+1 positions' logits are needed: position P-1 scores the first completion token.
-        logits = model(
-            input_ids=rollout.input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            logits_to_keep=completion_len + 1,
-        ).logits  # [b, C+1, V]
-        logp = token_logprobs(logits, rollout.input_ids[:, rollout.prompt_len - 1 :], self.hparams.temperature)
-        return logp, token_entropy(logits[:, :-1], self.hparams.temperature) if with_entropy else None
+        with self.autocast():
+            logits = model(
+                input_ids=rollout.input_ids,
+                attention_mask=mask,
+                position_ids=position_ids,
+                logits_to_keep=completion_len + 1,
+            ).logits  # [b, C+1, V]
+        temperature = self.logprob_temperature
+        logp = token_logprobs(logits, rollout.input_ids[:, rollout.prompt_len - 1 :], temperature)
+        return logp, token_entropy(logits[:, :-1], temperature) if with_entropy else None
 
     @torch.no_grad()
     def frozen_logprobs(self, rollout: RolloutBatch, reference: bool) -> Tensor:
@@ -194,16 +243,19 @@ class PolicyGradientModule(L.LightningModule, ABC):
         model = self.policy if not reference else (self.reference or self.policy)
         was_training = self.policy.training
         self.policy.eval()
+        width = rollout.completion_mask.shape[1]
         chunks = []
         for start in range(0, len(rollout), self.hparams.logprob_batch_size):
-            part = rollout.select(torch.arange(start, min(start + self.hparams.logprob_batch_size, len(rollout))))
+            rows = torch.arange(start, min(start + self.hparams.logprob_batch_size, len(rollout)))
+            part = rollout.select(rows).trimmed()  # padding columns cut; padded back with (masked) zeros below
             if reference and self.uses_lora:
                 with self.policy.disable_adapter():
-                    chunks.append(self.sequence_logprobs(model, part)[0])
+                    logp = self.sequence_logprobs(model, part)[0]
             else:
-                chunks.append(self.sequence_logprobs(model, part)[0])
+                logp = self.sequence_logprobs(model, part)[0]
+            chunks.append(torch.nn.functional.pad(logp, (0, width - logp.shape[1])))
         self.policy.train(was_training)
-        return torch.cat(chunks)
+        return torch.cat(chunks) if chunks else rollout.completion_mask.new_zeros(rollout.completion_mask.shape).float()
 
     # ---- optimisation ---------------------------------------------------------------------------------
 
@@ -221,34 +273,22 @@ class PolicyGradientModule(L.LightningModule, ABC):
     def training_step(self, batch: dict, batch_idx: int) -> None:
         rollout: RolloutBatch = batch["rollout"].to(self.device)
         hp = self.hparams
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        scheduler = self.lr_schedulers()
         rank = self.global_rank
         torch.manual_seed(derive_seed(hp.seed, self.iteration, rank, "dropout"))
         shuffle = torch.Generator().manual_seed(derive_seed(hp.seed, self.iteration, rank, "shuffle"))
         self.policy.train()
         start_time = time.perf_counter()
-        totals: dict[str, float] = {}
-        ratio_max, grad_norms, micro_count = 0.0, [], 0
-        for _ in range(self.epochs):
-            micro = list(rollout.minibatches(hp.minibatch_size, shuffle))
-            for first in range(0, len(micro), hp.grad_accum_steps):
-                group = micro[first : first + hp.grad_accum_steps]
-                for part in group:
-                    logp, entropy = self.sequence_logprobs(self.policy, part, with_entropy=True)
-                    loss, stats = self.loss(logp, part)
-                    # Divide by the micro-batches actually accumulated, so a short last group is a mean too.
-                    self.manual_backward(loss / len(group))
-                    stats = {"loss": loss.detach(), "entropy": masked_mean(entropy, part.completion_mask), **stats}
-                    ratio_max = max(ratio_max, float(stats.pop("ratio_max", 1.0)))
-                    for name, value in stats.items():
-                        totals[name] = totals.get(name, 0.0) + float(value)
-                    micro_count += 1
-                grad_norms.append(self._clipped_step(optimizer))
-        metrics = {f"train/{k}": v / micro_count for k, v in totals.items()}
+        totals, grad_norms, ratio_max = run_update(self, rollout, shuffle)
+        if not grad_norms:
+            rank_zero_info(
+                f"iteration {self.iteration + 1}: every group was settled and filtered (filter_zero_std_groups): "
+                "no optimizer step; the iteration still counts"
+            )
+        metrics = {f"train/{k}": v for k, v in totals.items()}
         finite_norms = [g for g in grad_norms if math.isfinite(g)]
         metrics.update(
             {
-                "train/ratio_max": ratio_max,
                 "train/grad_norm": sum(finite_norms) / max(len(finite_norms), 1),
                 "train/lr": scheduler.get_last_lr()[0],  # the rate this iteration's steps used
                 "train/optimizer_steps": float(self.optimizer_steps),
@@ -263,7 +303,9 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.trainer.datamodule.mark_consumed(batch["index"])
         if self.iteration >= hp.iterations:
             self.trainer.should_stop = True
-        self.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=self.trainer.world_size > 1)
+        distributed = self.trainer.world_size > 1
+        self.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=distributed)  # means over ranks
+        self.log("train/ratio_max", ratio_max, on_step=True, on_epoch=False, sync_dist=distributed, reduce_fx="max")
         self.log("step", float(self.iteration), on_step=True, on_epoch=False)  # x-axis: RL iterations
         self.log("reward", metrics["train/reward"], prog_bar=True, on_step=True, on_epoch=False, logger=False)
         if "exact_match" in self.latest_eval:
@@ -274,36 +316,6 @@ class PolicyGradientModule(L.LightningModule, ABC):
         metrics, _ = evaluate(self, self.trainer.datamodule.task, batch)
         logged = {f"eval/{k}": v for k, v in metrics.items()}
         self.log_dict(logged, batch_size=len(batch), on_epoch=True, sync_dist=self.trainer.world_size > 1)
-
-    def _clipped_step(self, optimizer) -> float:
-        """Clip the accumulated gradient and step, or skip (and count) when it is not finite."""
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        self._average_gradients_across_ranks(params)
-        norm = float(torch.nn.utils.clip_grad_norm_(params, self.hparams.max_grad_norm))
-        if math.isfinite(norm):
-            optimizer.step()
-            self.optimizer_steps += 1
-        else:
-            self.skipped_steps += 1
-        optimizer.zero_grad(set_to_none=True)
-        return norm
-
-    def _average_gradients_across_ranks(self, params: list[torch.nn.Parameter]) -> None:
-        """All-reduce the accumulated gradients (mean over ranks) in one flat buffer.
-
-        DDP's reducer is off (see `on_train_start`): one flat all-reduce per optimizer step instead.
-        """
-        world = self.trainer.world_size
-        if world == 1 or not torch.distributed.is_initialized():
-            return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        torch.distributed.all_reduce(flat)
-        flat /= world
-        offset = 0
-        for p, g in zip(params, grads, strict=True):
-            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
-            offset += g.numel()
 
     def on_train_end(self) -> None:
         """The trained policy (the adapter alone with LoRA) and tokenizer, loadable by transformers/peft."""

@@ -1,13 +1,24 @@
 """GRPO: the clipped surrogate over reused rollouts, with a KL penalty to a frozen reference.
 
-Objective, minimised for `ppo_epochs` passes over each rollout:
+Objective, minimised for `ppo_epochs` passes over each rollout (defaults: the course's):
 
     rho_i^t = pi_theta(y_i^t) / pi_old(y_i^t)
     loss = -mean_i( seqmean_i( min(rho A_i, clip(rho, 1-clip_eps, 1+clip_eps) A_i) ) ) + kl_coef * tokmean(e^D - D - 1)
 
+Variants (docs/algorithms.md): `clip_eps_high` (DAPO's clip-higher: the upper bound 1 + clip_eps_high),
+`ratio_level: sequence` (GSPO: one length-normalised ratio per completion), and the base module's `advantage`,
+`loss_aggregation`, `filter_zero_std_groups`, `mask_truncated`.
+
 Departures from the paper (Shao et al., 2024): advantages are clipped to +-adv_clip; pi_old and pi_ref
-log-probs are computed once per rollout at the sampling temperature (so the first micro-batch has
-rho = 1 exactly); the KL term is a token mean over each micro-batch rather than a per-sequence mean.
+log-probs are computed once per rollout, at `logprob_temperature` like pi_theta (default 1.0: the raw
+logits, as in the course, although sampling may run at another T), so the first micro-batch has rho = 1;
+the KL term is a token mean over each micro-batch rather than a per-sequence mean.
+
+pi_old without a separate pass: when one optimizer step covers a whole pass (the course's configs), no weight
+changes before every row's first forward, so pi_old is the detached log-prob of the first pass, exactly when
+the policy has no dropout. With dropout (LoRA's 0.05 in the course's configs) the first pass's log-probs are
+those of a dropout-perturbed policy, not of the sampling policy (eval mode): the separate no-grad pass is kept
+unless `reuse_first_pass_logp: true` trades that exactness for one forward pass fewer per iteration.
 """
 
 from __future__ import annotations
@@ -16,17 +27,33 @@ from torch import Tensor
 
 from llm_pg.losses import grpo_loss
 from llm_pg.modules.base import PolicyGradientModule
+from llm_pg.modules.settings import check_grpo_settings
+from llm_pg.modules.update import has_dropout, steps_per_pass
 from llm_pg.rollout import RolloutBatch
 
 
 class GRPOModule(PolicyGradientModule):
-    """GRPO. Takes every `PolicyGradientModule` argument plus `ppo_epochs` and `clip_eps`."""
+    """GRPO. Takes every `PolicyGradientModule` argument plus:
 
-    def __init__(self, *args, ppo_epochs: int = 2, clip_eps: float = 0.2, **kwargs) -> None:
-        if ppo_epochs < 1:
-            raise ValueError(f"model.ppo_epochs must be >= 1, got {ppo_epochs}")
-        if not 0 < clip_eps < 1:
-            raise ValueError(f"model.clip_eps must be in (0, 1), got {clip_eps}")
+    Args:
+        ppo_epochs: passes over each rollout.
+        clip_eps: the ratio's lower clip `1 - clip_eps` (and upper, unless `clip_eps_high` is set).
+        clip_eps_high: the upper clip `1 + clip_eps_high` (DAPO); null: `clip_eps`.
+        ratio_level: `token` (course) or `sequence` (GSPO).
+        reuse_first_pass_logp: take pi_old from the first pass even when the policy has dropout.
+    """
+
+    def __init__(
+        self,
+        *args,
+        ppo_epochs: int = 2,
+        clip_eps: float = 0.2,
+        clip_eps_high: float | None = None,
+        ratio_level: str = "token",
+        reuse_first_pass_logp: bool = False,
+        **kwargs,
+    ) -> None:
+        check_grpo_settings(ppo_epochs, clip_eps, clip_eps_high, ratio_level, reuse_first_pass_logp)
         super().__init__(*args, **kwargs)
         self.save_hyperparameters()
 
@@ -38,7 +65,18 @@ class GRPOModule(PolicyGradientModule):
     def needs_old_logp(self) -> bool:
         return True
 
-    def loss(self, logp: Tensor, rollout: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    @property
+    def reuses_first_pass(self) -> bool:
+        """pi_old from the first pass: one optimizer step per pass, and no dropout unless the switch allows it."""
+        hp = self.hparams
+        rows = hp.prompts_per_step * hp.group_size
+        if steps_per_pass(rows, hp.minibatch_size, hp.grad_accum_steps) != 1:
+            return False
+        return hp.reuse_first_pass_logp or not has_dropout(self.policy)
+
+    def loss(
+        self, logp: Tensor, rollout: RolloutBatch, num_tokens: float | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         hp = self.hparams
         return grpo_loss(
             logp,
@@ -48,4 +86,9 @@ class GRPOModule(PolicyGradientModule):
             rollout.ref_logp,
             clip_eps=hp.clip_eps,
             kl_coef=hp.kl_coef,
+            clip_eps_high=hp.clip_eps_high,
+            ratio_level=hp.ratio_level,
+            aggregation=hp.loss_aggregation,
+            max_new_tokens=hp.max_new_tokens,
+            num_tokens=num_tokens,
         )

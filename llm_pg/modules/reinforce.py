@@ -1,13 +1,17 @@
 """GR-REINFORCE: group-normalised REINFORCE with a KL penalty to a frozen reference.
 
-Objective, minimised once per rollout (one on-policy pass):
+Objective, minimised once per rollout (one on-policy pass; defaults: the course's):
 
     loss = -mean_i( A_i * seqmean_i(log pi_theta(y_i)) ) + kl_coef * tokmean(e^D - D - 1),
     A_i = clip((r_i - mean_group(r)) / (std_group(r) + eps), -adv_clip, adv_clip),  D = log pi_ref - log pi_theta
 
+Variants (docs/algorithms.md): the base module's `advantage` (dr_grpo, rloo, reinforce_pp), `loss_aggregation`
+(token_mean, seq_mean_token_sum_norm), `filter_zero_std_groups` and `mask_truncated`.
+
 Departures from textbook REINFORCE (Williams, 1992): the baseline is the group mean and the scale the
 group std (as in GRPO, Shao et al., 2024); log-probs are averaged over each completion's tokens, not
-summed; log-probs are taken at the sampling temperature.
+summed; log-probs are taken at `logprob_temperature` (default 1.0, the raw logits, as in the course,
+whatever the sampling temperature; null: the sampling temperature).
 """
 
 from __future__ import annotations
@@ -16,25 +20,46 @@ from torch import Tensor
 
 from llm_pg.losses import reinforce_loss
 from llm_pg.modules.base import PolicyGradientModule
+from llm_pg.modules.settings import reject_grpo_only
 from llm_pg.rollout import RolloutBatch
 
 
 class ReinforceModule(PolicyGradientModule):
-    """GR-REINFORCE. Takes every `PolicyGradientModule` argument; `ppo_epochs` must stay 1 (on-policy)."""
+    """GR-REINFORCE. Takes every `PolicyGradientModule` argument; the GRPO-only keys (`ppo_epochs` other than 1,
+    `clip_eps_high`, `ratio_level`, `reuse_first_pass_logp`) are refused with a one-line error."""
 
-    def __init__(self, *args, ppo_epochs: int = 1, **kwargs) -> None:
-        if ppo_epochs != 1:
-            raise ValueError(
-                f"model.ppo_epochs={ppo_epochs}: REINFORCE makes one on-policy pass per rollout; remove ppo_epochs "
-                "or use llm_pg.modules.GRPOModule to reuse rollouts with a clipped ratio"
-            )
+    def __init__(
+        self,
+        *args,
+        ppo_epochs: int = 1,
+        clip_eps_high: float | None = None,
+        ratio_level: str | None = None,
+        reuse_first_pass_logp: bool | None = None,
+        **kwargs,
+    ) -> None:
+        reject_grpo_only(
+            ppo_epochs,
+            clip_eps_high=clip_eps_high,
+            ratio_level=ratio_level,
+            reuse_first_pass_logp=reuse_first_pass_logp,
+        )
         super().__init__(*args, **kwargs)
 
     @property
     def epochs(self) -> int:
         return 1
 
-    def loss(self, logp: Tensor, rollout: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(
+        self, logp: Tensor, rollout: RolloutBatch, num_tokens: float | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        hp = self.hparams
         return reinforce_loss(
-            logp, rollout.completion_mask, rollout.advantages, rollout.ref_logp, kl_coef=self.hparams.kl_coef
+            logp,
+            rollout.completion_mask,
+            rollout.advantages,
+            rollout.ref_logp,
+            kl_coef=hp.kl_coef,
+            aggregation=hp.loss_aggregation,
+            max_new_tokens=hp.max_new_tokens,
+            num_tokens=num_tokens,
         )

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from llm_pg.data.tasks import ArithTask, FormatCopyTask
 from llm_pg.data.tasks.base import Task
+from llm_pg.evaluation import pass_at_k
 from llm_pg.generation import generate
 from llm_pg.tiny import TINY_CHAT_DIR
 
@@ -41,13 +42,6 @@ def tiny_tasks() -> dict[str, Task]:
         "format_copy": FormatCopyTask(low=-999, high=999, system_prompt=None, prompt_template="Copy: {n}"),
         "arith": ArithTask(),
     }
-
-
-def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
-    """Chance that k of the n samples, drawn without replacement, include a correct one."""
-    if num_samples - num_correct < k:
-        return 1.0
-    return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
 
 
 def evaluate_task(

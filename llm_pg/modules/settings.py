@@ -1,0 +1,144 @@
+"""Checks of the `model.init_args` keys, run in the module's constructor before anything is loaded.
+
+Each failure is one line: `model.<key> must be <rule>, got <value>; <how to fix it>`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from llm_pg.losses import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, RATIO_LEVELS
+
+COMPUTE_DTYPES = ("float32", "bfloat16")  # float16 would need loss scaling, which the update loop does not do
+
+
+def _fail(key: str, rule: str, value: Any, fix: str) -> None:
+    raise ValueError(f"model.{key} must be {rule}, got {value!r}; {fix}")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _at_least(key: str, value: Any, low: float, fix: str) -> None:
+    if not (_number(value) and value >= low):
+        _fail(key, f">= {low}", value, fix)
+
+
+def _above(key: str, value: Any, low: float, fix: str) -> None:
+    if not (_number(value) and value > low):
+        _fail(key, f"> {low}", value, fix)
+
+
+def check_settings(hp: dict[str, Any]) -> None:
+    """Raise ValueError for the first key of `hp` (a module's init args) whose value cannot work."""
+    _at_least("iterations", hp["iterations"], 1, "set how many RL iterations to train")
+    _at_least("group_size", hp["group_size"], 2, "rewards are normalised within a group of >= 2 completions")
+    _at_least("prompts_per_step", hp["prompts_per_step"], 1, "set data.prompts_per_step")
+    _at_least("minibatch_size", hp["minibatch_size"], 1, "rows per forward/backward pass")
+    _at_least("grad_accum_steps", hp["grad_accum_steps"], 1, "micro-batches per optimizer step")
+    rows = hp["prompts_per_step"] * hp["group_size"]
+    if hp["minibatch_size"] > rows:
+        raise ValueError(
+            f"model.minibatch_size={hp['minibatch_size']} is larger than one iteration's {rows} rows "
+            f"(prompts_per_step {hp['prompts_per_step']} x group_size {hp['group_size']}); lower minibatch_size"
+        )
+    _at_least("kl_coef", hp["kl_coef"], 0, "0 turns the KL penalty (and the reference model) off")
+    _above("lr", hp["lr"], 0, "the course uses 3e-5")
+    _at_least("weight_decay", hp["weight_decay"], 0, "the course uses 0")
+    _at_least("warmup_steps", hp["warmup_steps"], 0, "0 disables the learning-rate warmup")
+    _above("max_grad_norm", hp["max_grad_norm"], 0, "the course clips the gradient norm to 0.5")
+    _above("adv_clip", hp["adv_clip"], 0, "advantages are clipped to +-adv_clip; the course uses 5.0")
+    _above("temperature", hp["temperature"], 0, "sampling needs a positive temperature; evaluation is greedy anyway")
+    if not (_number(hp["top_p"]) and 0 < hp["top_p"] <= 1):
+        _fail("top_p", "in (0, 1]", hp["top_p"], "1.0 turns nucleus sampling off")
+    _at_least("max_new_tokens", hp["max_new_tokens"], 1, "the completion budget in tokens")
+    if not (_number(hp["min_new_tokens"]) and 0 <= hp["min_new_tokens"] <= hp["max_new_tokens"]):
+        _fail("min_new_tokens", f"in [0, max_new_tokens={hp['max_new_tokens']}]", hp["min_new_tokens"], "0: no minimum")
+    if hp["max_prompt_tokens"] is not None:
+        _at_least("max_prompt_tokens", hp["max_prompt_tokens"], 1, "null keeps whole prompts")
+    _at_least("eval_every", hp["eval_every"], 1, "iterations between greedy evaluations")
+    if hp["eval_max_new_tokens"] is not None:
+        _at_least("eval_max_new_tokens", hp["eval_max_new_tokens"], 1, "null uses max_new_tokens")
+    _at_least("logprob_batch_size", hp["logprob_batch_size"], 1, "rows per no-grad forward pass")
+    _at_least("log_generations_every", hp["log_generations_every"], 0, "0 logs no completion tables")
+    if not (isinstance(hp["seed"], int) and hp["seed"] >= 0):
+        _fail("seed", ">= 0", hp["seed"], "set the top-level `seed` to a non-negative integer")
+    if hp["logprob_temperature"] is not None:
+        _above(
+            "logprob_temperature", hp["logprob_temperature"], 0, "1.0 (raw logits, the course) or null (= temperature)"
+        )
+    if hp["dtype"] is not None and hp["dtype"] not in COMPUTE_DTYPES:
+        _fail("dtype", f"one of {COMPUTE_DTYPES}", hp["dtype"], "or null: bfloat16 on a GPU, float32 on the CPU")
+    check_variant_settings(hp)
+    lora = hp["lora"]
+    if lora is not None:
+        _at_least("lora.r", lora.r, 0, "0 trains every weight (full fine-tuning); the course uses 16")
+        _above("lora.alpha", lora.alpha, 0, "the adapter scale is alpha / r; the course uses 32")
+        if not (_number(lora.dropout) and 0 <= lora.dropout < 1):
+            _fail("lora.dropout", "in [0, 1)", lora.dropout, "the course uses 0.05")
+        if lora.r > 0 and not lora.target_modules:
+            _fail("lora.target_modules", "non-empty", lora.target_modules, "name the projections to adapt, e.g. q_proj")
+
+
+def _one_of(key: str, value: Any, names: tuple[str, ...], fix: str) -> None:
+    if value not in names:
+        _fail(key, f"one of {', '.join(names)}", value, fix)
+
+
+def _flag(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail(key, "true or false", value, "a YAML boolean")
+
+
+def check_variant_settings(hp: dict[str, Any]) -> None:
+    """The algorithm-variant keys both modules take (docs/algorithms.md, "Variants")."""
+    _one_of("advantage", hp["advantage"], ADVANTAGE_ESTIMATORS, "grpo is the course's estimator")
+    _one_of(
+        "loss_aggregation", hp["loss_aggregation"], LOSS_AGGREGATIONS, "seq_mean_token_mean is the course's reduction"
+    )
+    _flag("filter_zero_std_groups", hp["filter_zero_std_groups"])
+    _flag("mask_truncated", hp["mask_truncated"])
+    if not (
+        isinstance(hp["eval_samples"], int) and not isinstance(hp["eval_samples"], bool) and hp["eval_samples"] >= 0
+    ):
+        _fail(
+            "eval_samples", "an integer >= 0", hp["eval_samples"], "0: greedy evaluation only; k > 0 adds pass@1/pass@k"
+        )
+    _above("eval_temperature", hp["eval_temperature"], 0, "the sampling temperature of eval_samples; 1.0 by default")
+
+
+def check_grpo_settings(
+    ppo_epochs: Any,
+    clip_eps: Any,
+    clip_eps_high: Any = None,
+    ratio_level: Any = "token",
+    reuse_first_pass_logp: Any = False,
+) -> None:
+    """The keys only GRPO has."""
+    if not (isinstance(ppo_epochs, int) and ppo_epochs >= 1):
+        _fail("ppo_epochs", ">= 1", ppo_epochs, "passes over each rollout; the course uses 2")
+    if not (_number(clip_eps) and 0 < clip_eps < 1):
+        _fail(
+            "clip_eps",
+            "in (0, 1)",
+            clip_eps,
+            "the ratio is clipped to [1 - clip_eps, 1 + clip_eps]; the course uses 0.2",
+        )
+    if clip_eps_high is not None and not (_number(clip_eps_high) and clip_eps_high > 0):
+        _fail("clip_eps_high", "> 0 or null", clip_eps_high, "the upper clip 1 + clip_eps_high; null = clip_eps")
+    _one_of("ratio_level", ratio_level, RATIO_LEVELS, "token is the course's per-token ratio; sequence is GSPO's")
+    _flag("reuse_first_pass_logp", reuse_first_pass_logp)
+
+
+def reject_grpo_only(ppo_epochs: Any, **given: Any) -> None:
+    """ReinforceModule: `ppo_epochs` other than 1, or any other GRPO-only key that is set (not None), is an error."""
+    if ppo_epochs != 1:
+        given = {"ppo_epochs": ppo_epochs, **given}
+    for key, value in given.items():
+        if value is not None:
+            raise ValueError(
+                f"model.{key}={value!r}: REINFORCE makes one on-policy pass, with no ratio to clip or reuse; remove "
+                f"{key} or use llm_pg.modules.GRPOModule to reuse rollouts with a clipped ratio"
+            )

@@ -1,0 +1,118 @@
+"""The update of one RL iteration: `epochs` shuffled passes over a rollout in micro-batches, accumulated into
+clipped optimizer steps. `PolicyGradientModule.training_step` calls `run_update`; the loss is the module's.
+
+Per pass the rows are shuffled (seeded generator), cut into micro-batches of `minibatch_size` rows, and every
+`grad_accum_steps` micro-batches make one optimizer step. Each micro-batch is trimmed to its longest completion
+first (`RolloutBatch.trimmed`): the columns cut are padding, masked everywhere, so the loss is unchanged.
+
+Scaling of each micro-batch's loss before its backward:
+- `seq_mean_token_mean`, `seq_mean_token_sum_norm`: divided by the micro-batches of the step, so the step's
+  gradient is the mean of the micro-batch gradients (the course).
+- `token_mean`: the loss is already a token sum over the step's token count (`num_tokens`, the global count under
+  DDP, where the gradient average over ranks is undone by a factor `world_size`), so the step's objective is one
+  mean over every completion token of the step, whatever the split into micro-batches and ranks.
+
+pi_old from the first pass: when one optimizer step covers a whole pass (`PolicyGradientModule.first_pass_is_old`),
+no weight changes before every row's first forward, so the detached log-probs of the first pass are pi_old; the
+rollout then arrives without `old_logp` and this loop fills it in during the first pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from llm_pg.losses import masked_mean
+from llm_pg.modules.distributed import average_gradients, backward_sync_off
+from llm_pg.rollout import RolloutBatch
+
+
+def _all_reduce(value: float, op: torch.distributed.ReduceOp, device: torch.device) -> float:
+    tensor = torch.tensor(float(value), dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(tensor, op=op)
+    return float(tensor)
+
+
+def steps_per_pass(rows: int, minibatch_size: int, grad_accum_steps: int) -> int:
+    """Optimizer steps of one pass over `rows` rows: `ceil(ceil(rows / minibatch_size) / grad_accum_steps)`."""
+    return math.ceil(math.ceil(rows / minibatch_size) / grad_accum_steps)
+
+
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a forward in train mode is random: a Dropout module (LoRA's among them) or a config dropout > 0."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    settings = config.to_dict() if config is not None else {}
+    return any(
+        ("dropout" in key or "pdrop" in key) and isinstance(value, int | float) and value > 0
+        for key, value in settings.items()
+    )
+
+
+def clipped_step(module, optimizer) -> float:
+    """Average the accumulated gradient over ranks, clip it and step, or skip (and count) when it is not finite."""
+    params = [p for p in module.policy.parameters() if p.requires_grad]
+    average_gradients(params, module.trainer.world_size)  # under DDP: the mean over ranks
+    norm = float(torch.nn.utils.clip_grad_norm_(params, module.hparams.max_grad_norm))
+    if math.isfinite(norm):
+        optimizer.step()
+        module.optimizer_steps += 1
+    else:
+        module.skipped_steps += 1
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def _step_tokens(module, rollout: RolloutBatch, group: list[Tensor]) -> float:
+    """Completion tokens of the step's micro-batches (`token_mean`), summed over ranks under DDP."""
+    tokens = float(sum(int(rollout.completion_mask[index].sum()) for index in group))
+    if module.trainer.world_size > 1:
+        tokens = _all_reduce(tokens, torch.distributed.ReduceOp.SUM, module.device)
+    return max(tokens, 1.0)
+
+
+def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple[dict[str, float], list[float], float]:
+    """Train on `rollout`; returns the per-micro-batch means of the loss stats, each step's gradient norm, and the
+    largest ratio seen. A rollout with no rows makes no optimizer step."""
+    hp = module.hparams
+    optimizer = module.optimizers()
+    token_mean = hp.loss_aggregation == "token_mean"
+    world = module.trainer.world_size
+    fill_old = module.needs_old_logp and rollout.old_logp is None
+    if fill_old:
+        rollout.old_logp = torch.zeros(rollout.completion_mask.shape, device=rollout.input_ids.device)  # [N, C]
+    steps = steps_per_pass(len(rollout), hp.minibatch_size, hp.grad_accum_steps)
+    if fill_old and steps > 1:  # a later micro-batch of the first pass would see weights already stepped
+        raise RuntimeError(
+            "the rollout has no old_logp, and a pass makes several optimizer steps: compute pi_old first"
+        )
+    totals: dict[str, float] = {}
+    ratio_max, grad_norms, micro_count = 0.0, [], 0
+    for epoch in range(module.epochs):
+        order = torch.randperm(len(rollout), generator=shuffle)
+        micro = [order[start : start + hp.minibatch_size] for start in range(0, len(rollout), hp.minibatch_size)]
+        for step in range(steps):
+            group = micro[step * hp.grad_accum_steps : (step + 1) * hp.grad_accum_steps]
+            num_tokens = _step_tokens(module, rollout, group) if token_mean else None
+            for index in group:
+                part = rollout.select(index).trimmed()
+                logp, entropy = module.sequence_logprobs(module.policy, part, with_entropy=True)  # [b, w]
+                if fill_old and epoch == 0:
+                    part.old_logp = logp.detach()
+                    rollout.old_logp[index.to(logp.device), : logp.shape[1]] = part.old_logp
+                loss, stats = module.loss(logp, part, num_tokens)
+                with backward_sync_off(module.trainer):  # gradients are averaged once, per step
+                    # Default: divide by the micro-batches actually accumulated, so a short last group is a mean too.
+                    module.manual_backward(loss * world if token_mean else loss / len(group))
+                stats = {"loss": loss.detach(), "entropy": masked_mean(entropy, part.completion_mask), **stats}
+                if token_mean:  # log the step's objective, not this micro-batch's share of it
+                    stats["loss"], stats["policy_loss"] = stats["loss"] * len(group), stats["policy_loss"] * len(group)
+                ratio_max = max(ratio_max, float(stats.pop("ratio_max", 1.0)))
+                for name, value in stats.items():
+                    totals[name] = totals.get(name, 0.0) + float(value)
+                micro_count += 1
+            grad_norms.append(clipped_step(module, optimizer))
+    return {name: value / max(micro_count, 1) for name, value in totals.items()}, grad_norms, ratio_max

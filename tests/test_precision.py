@@ -1,0 +1,61 @@
+"""Mixed precision: bf16 compute, float32 master weights for what the optimizer updates."""
+
+import pytest
+import torch
+from conftest import fit
+from transformers import AutoModelForCausalLM
+
+from llm_pg.modules import GRPOModule
+
+DIGITS = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
+
+
+def test_full_finetuning_in_bf16_moves_every_weight(tmp_path, random_model_dir):
+    # bf16 has 8 mantissa bits: a weight of 0.02 moves in steps of ~1e-4, so lr 3e-5 AdamW updates (~3e-5 each)
+    # round away on bf16 weights. Float32 master weights keep every update.
+    initial = AutoModelForCausalLM.from_pretrained(random_model_dir).state_dict()
+    cli = fit(
+        tmp_path,
+        random_model_dir,
+        "--model.init_args.dtype=bfloat16",
+        "--model.init_args.lr=3e-5",
+        "--model.init_args.kl_coef=0.05",
+        "--model.init_args.iterations=5",
+        "--model.init_args.ppo_epochs=1",  # 8 rows in micro-batches of 2, 2 per step: 2 optimizer steps per iteration
+        *DIGITS,
+    )
+    module = cli.model
+    assert module.optimizer_steps == 10
+    changed = total = 0
+    for name, weight in module.policy.named_parameters():
+        assert weight.dtype == torch.float32, name  # the master copy the optimizer updates
+        changed += int((weight.detach() != initial[name]).sum())
+        total += weight.numel()
+    assert changed / total >= 0.99, f"only {changed / total:.2%} of the weights moved"
+    reference = module.reference
+    assert all(p.dtype == torch.bfloat16 for p in reference.parameters())  # a bf16 copy, not the fp32 master
+    assert all(torch.equal(p, initial[n].to(torch.bfloat16)) for n, p in reference.state_dict().items())
+
+
+def test_lora_in_bf16_keeps_base_in_bf16_and_adapter_in_float32(random_model_dir):
+    from llm_pg.models import LoRA
+
+    module = GRPOModule(model_name_or_path=random_model_dir, dtype="bfloat16", lora=LoRA(r=4, alpha=8))
+    module.configure_model()
+    dtypes = {n: p.dtype for n, p in module.policy.named_parameters()}
+    assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
+    assert {d for n, d in dtypes.items() if "lora_" not in n} == {torch.bfloat16}
+    assert module.compute_dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(("dtype", "expected"), [("float32", torch.float32), ("bfloat16", torch.bfloat16)])
+def test_logprobs_run_in_the_compute_dtype(random_model_dir, dtype, expected):
+    module = GRPOModule(model_name_or_path=random_model_dir, dtype=dtype, kl_coef=0.0)
+    module.configure_model()
+    seen = []
+    hook = module.policy.lm_head.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with module.autocast():
+        module.policy(input_ids=ids)
+    hook.remove()
+    assert seen == [expected]

@@ -1,0 +1,98 @@
+"""Every `model.init_args` key is checked in the constructor, with one line naming the key, the value and a fix."""
+
+import pytest
+
+from llm_pg.models import LoRA
+from llm_pg.modules import GRPOModule, ReinforceModule
+
+BAD = [  # (override, start of the message)
+    ({"iterations": 0}, "model.iterations must be >= 1, got 0; "),
+    ({"group_size": 1}, "model.group_size must be >= 2, got 1; "),
+    ({"prompts_per_step": 0}, "model.prompts_per_step must be >= 1, got 0; "),
+    ({"minibatch_size": 0}, "model.minibatch_size must be >= 1, got 0; "),
+    ({"grad_accum_steps": 0}, "model.grad_accum_steps must be >= 1, got 0; "),
+    ({"minibatch_size": 49}, "model.minibatch_size=49 is larger than one iteration's 48 rows"),
+    ({"kl_coef": -0.1}, "model.kl_coef must be >= 0, got -0.1; "),
+    ({"lr": 0.0}, "model.lr must be > 0, got 0.0; "),
+    ({"lr": float("nan")}, "model.lr must be > 0, got nan; "),
+    ({"weight_decay": -0.01}, "model.weight_decay must be >= 0, got -0.01; "),
+    ({"warmup_steps": -1}, "model.warmup_steps must be >= 0, got -1; "),
+    ({"max_grad_norm": 0.0}, "model.max_grad_norm must be > 0, got 0.0; "),
+    ({"adv_clip": 0.0}, "model.adv_clip must be > 0, got 0.0; "),
+    ({"adv_clip": float("inf")}, "model.adv_clip must be > 0, got inf; "),
+    ({"temperature": 0.0}, "model.temperature must be > 0, got 0.0; "),
+    ({"top_p": 1.5}, "model.top_p must be in (0, 1], got 1.5; "),
+    ({"top_p": 0.0}, "model.top_p must be in (0, 1], got 0.0; "),
+    ({"logprob_temperature": 0.0}, "model.logprob_temperature must be > 0, got 0.0; "),
+    ({"max_new_tokens": 0}, "model.max_new_tokens must be >= 1, got 0; "),
+    ({"min_new_tokens": 25}, "model.min_new_tokens must be in [0, max_new_tokens=24], got 25; "),
+    ({"min_new_tokens": -1}, "model.min_new_tokens must be in [0, max_new_tokens=24], got -1; "),
+    ({"max_prompt_tokens": 0}, "model.max_prompt_tokens must be >= 1, got 0; "),
+    ({"eval_every": 0}, "model.eval_every must be >= 1, got 0; "),
+    ({"eval_max_new_tokens": 0}, "model.eval_max_new_tokens must be >= 1, got 0; "),
+    ({"logprob_batch_size": 0}, "model.logprob_batch_size must be >= 1, got 0; "),
+    ({"log_generations_every": -1}, "model.log_generations_every must be >= 0, got -1; "),
+    ({"seed": -1}, "model.seed must be >= 0, got -1; "),
+    ({"dtype": "float16"}, "model.dtype must be one of ('float32', 'bfloat16'), got 'float16'; "),
+    ({"dtype": "bf16"}, "model.dtype must be one of ('float32', 'bfloat16'), got 'bf16'; "),
+    ({"advantage": "ppo"}, "model.advantage must be one of grpo, dr_grpo, rloo, reinforce_pp, got 'ppo'; "),
+    (
+        {"loss_aggregation": "sum"},
+        "model.loss_aggregation must be one of seq_mean_token_mean, token_mean, seq_mean_token_sum_norm, got 'sum'; ",
+    ),
+    ({"filter_zero_std_groups": "yes"}, "model.filter_zero_std_groups must be true or false, got 'yes'; "),
+    ({"mask_truncated": 1}, "model.mask_truncated must be true or false, got 1; "),
+    ({"eval_samples": -1}, "model.eval_samples must be an integer >= 0, got -1; "),
+    ({"eval_samples": 2.5}, "model.eval_samples must be an integer >= 0, got 2.5; "),
+    ({"eval_temperature": 0.0}, "model.eval_temperature must be > 0, got 0.0; "),
+    ({"lora": LoRA(r=-1)}, "model.lora.r must be >= 0, got -1; "),
+    ({"lora": LoRA(r=8, alpha=0)}, "model.lora.alpha must be > 0, got 0; "),
+    ({"lora": LoRA(r=8, dropout=1.0)}, "model.lora.dropout must be in [0, 1), got 1.0; "),
+    ({"lora": LoRA(r=8, target_modules=[])}, "model.lora.target_modules must be non-empty, got []; "),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), BAD, ids=[m.split(" must")[0].split("=")[0] for _, m in BAD])
+def test_bad_value_names_key_value_and_fix(override, message):
+    for module in (GRPOModule, ReinforceModule):
+        with pytest.raises(ValueError) as error:
+            module(model_name_or_path="tiny", **override)
+        text = str(error.value)
+        assert text.startswith(message), text
+        assert "\n" not in text and len(text) > len(message) + 5  # one line, with a fix after the rule
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"ppo_epochs": 0}, "model.ppo_epochs must be >= 1, got 0"),
+        ({"clip_eps": 1.0}, "model.clip_eps must be in (0, 1)"),
+        ({"clip_eps_high": 0.0}, "model.clip_eps_high must be > 0 or null, got 0.0"),
+        ({"ratio_level": "seq"}, "model.ratio_level must be one of token, sequence, got 'seq'"),
+        ({"reuse_first_pass_logp": "no"}, "model.reuse_first_pass_logp must be true or false, got 'no'"),
+    ],
+)
+def test_grpo_keys(override, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        GRPOModule(model_name_or_path="tiny", **override)
+
+
+def test_good_edge_values_pass():
+    GRPOModule(
+        model_name_or_path="tiny",
+        min_new_tokens=24,
+        max_prompt_tokens=1,
+        log_generations_every=0,
+        kl_coef=0.0,
+        logprob_temperature=None,
+        dtype="bfloat16",
+        lora=LoRA(r=0, dropout=0.0),
+        clip_eps_high=0.28,
+        ratio_level="sequence",
+        advantage="reinforce_pp",
+        loss_aggregation="seq_mean_token_sum_norm",
+        filter_zero_std_groups=True,
+        mask_truncated=True,
+        eval_samples=1,
+        eval_temperature=0.7,
+    )

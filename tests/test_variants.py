@@ -1,0 +1,345 @@
+"""The algorithm variants as configuration (`model.init_args` keys), through the real training step on a random
+two-layer model, and the rollout-side options on hand-built rollouts."""
+
+import csv
+import logging
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import fit
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import llm_pg.modules.update as update
+from llm_pg.callbacks.rollout import apply_variants
+from llm_pg.data.tasks.base import Example, Score, Task
+from llm_pg.evaluation import pass_at_k
+from llm_pg.losses import group_advantages
+from llm_pg.modules import GRPOModule, ReinforceModule
+from llm_pg.rollout import RolloutBatch
+
+VARIED = ["--data.task=test_variants.VariedTask", "--data.task.init_args.eval_size=4"]
+
+
+def _reward(completion: str) -> float:
+    """A reward that differs between almost any two completions: a hash of the text in [0, 1)."""
+    return (sum((i + 1) * ord(c) for i, c in enumerate(completion)) % 9973) / 9973
+
+
+class VariedTask(Task):
+    """Rewards that differ within every group, except for prompts marked `settle`, whose completions all earn 1.3."""
+
+    name = "varied"
+    components = ("value",)
+
+    def __init__(self, settle: str = "none", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.settle = settle  # none | even (examples with an even index) | all
+
+    def train_example(self, index: int, seed: int) -> Example:
+        settled = self.settle == "all" or (self.settle == "even" and index % 2 == 0)
+        return Example(prompt=f"Say something {seed}:{index}", answer="settled" if settled else "")
+
+    def build_eval_set(self) -> list[Example]:
+        return [Example(prompt=f"Say something {i}", answer="") for i in range(self.eval_size)]
+
+    def score(self, completion: str, example: Example) -> Score:
+        value = 1.3 if example.answer == "settled" else _reward(completion)
+        return Score(total=value, correct=value > 0.5, components={"value": value})
+
+
+@pytest.fixture(scope="module")
+def eos_model_dir(random_model_dir, tmp_path_factory) -> str:
+    """The random model with its EOS logits raised (P(EOS) about 0.2 per token), so completion lengths vary."""
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        hidden = model.model(input_ids=torch.randint(0, 250, (8, 20))).last_hidden_state.mean((0, 1))  # [H]
+        model.lm_head.weight[model.generation_config.eos_token_id] += 2.0 * hidden / hidden.norm() ** 2
+    out = tmp_path_factory.mktemp("eos-tiny")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(random_model_dir).save_pretrained(out)
+    return str(out)
+
+
+def _rows(run_dir) -> list[dict]:
+    with open(run_dir / "metrics.csv") as f:
+        return [{k: float(v) for k, v in r.items() if v} for r in csv.DictReader(f)]
+
+
+def _train_rows(run_dir) -> list[dict]:
+    rows = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in _rows(run_dir) if "train/reward" in r]
+    return sorted(rows, key=lambda r: r["step"])
+
+
+def _weights(module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+
+
+def _record_losses(monkeypatch, module_class) -> list[RolloutBatch]:
+    seen = []
+    original = module_class.loss
+
+    def recording(self, logp, rollout, *rest):
+        seen.append(rollout)
+        return original(self, logp, rollout, *rest)
+
+    monkeypatch.setattr(module_class, "loss", recording)
+    return seen
+
+
+# ---- filter_zero_std_groups -----------------------------------------------------------------------------------
+
+
+def test_filter_changes_nothing_when_no_group_is_settled(tmp_path, random_model_dir):
+    runs = {}
+    for flag in ("false", "true"):
+        cli = fit(tmp_path / flag, random_model_dir, "--model.init_args.iterations=2", *VARIED,
+                  f"--model.init_args.filter_zero_std_groups={flag}")  # fmt: skip
+        runs[flag] = (_weights(cli.model), _train_rows(tmp_path / flag / "run"))
+    (plain, plain_rows), (filtered, filtered_rows) = runs["false"], runs["true"]
+    assert all(r["train/frac_zero_std_groups"] == 0.0 for r in plain_rows)  # the premise: no settled group
+    assert all(torch.equal(plain[n], filtered[n]) for n in plain)
+    assert [r["train/filtered_groups"] for r in filtered_rows] == [0.0, 0.0]
+    assert [{k: v for k, v in r.items() if k != "train/filtered_groups"} for r in filtered_rows] == plain_rows
+
+
+def test_filter_drops_settled_groups_from_the_update(tmp_path, random_model_dir, monkeypatch):
+    seen = _record_losses(monkeypatch, GRPOModule)
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=3", "--model.init_args.filter_zero_std_groups=true",
+        *VARIED, "--data.task.init_args.settle=even", "--model.init_args.kl_coef=0")  # fmt: skip
+    rows = _train_rows(tmp_path / "run")
+    filtered = [r["train/filtered_groups"] for r in rows]
+    assert filtered == [r["train/frac_zero_std_groups"] * 2 for r in rows]  # 2 prompts per step
+    assert 0 < sum(filtered) < 6, filtered  # this seed's batches mix settled and unsettled groups
+    # Each iteration: 2 epochs over the 4 rows of every unsettled group; none of them is a settled 1.3.
+    assert sum(len(part) for part in seen) == sum(2 * 4 * (2 - f) for f in filtered)
+    assert all(float(r) != pytest.approx(1.3) for part in seen for r in part.rewards)
+    for part in seen:  # advantages of the rows kept are those of their own group, as without the filter
+        assert part.advantages.abs().sum() > 0
+
+
+def test_filter_with_every_group_settled_makes_no_step(tmp_path, random_model_dir, caplog):
+    with caplog.at_level(logging.INFO):
+        cli = fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", *VARIED,
+                  "--data.task.init_args.settle=all", "--model.init_args.filter_zero_std_groups=true")  # fmt: skip
+    module = cli.model
+    assert module.iteration == 2 and module.optimizer_steps == 0  # the iterations count; no step was made
+    initial = AutoModelForCausalLM.from_pretrained(random_model_dir).state_dict()
+    assert all(torch.equal(p, initial[n]) for n, p in module.policy.state_dict().items())
+    rows = _train_rows(tmp_path / "run")
+    assert [r["train/filtered_groups"] for r in rows] == [2.0, 2.0]
+    assert [r["train/optimizer_steps"] for r in rows] == [0.0, 0.0]
+    assert sum("every group was settled" in r.getMessage() for r in caplog.records) == 2
+
+
+# ---- mask_truncated, pi_old from the first pass, token_mean -----------------------------------------------------
+
+
+def test_mask_truncated_zeroes_the_rows_without_eos(tmp_path, eos_model_dir, monkeypatch):
+    seen = _record_losses(monkeypatch, GRPOModule)
+    fit(tmp_path, eos_model_dir, "--model.init_args.iterations=1", "--model.init_args.max_new_tokens=3",
+        "--model.init_args.mask_truncated=true", *VARIED)  # fmt: skip
+    (row,) = _train_rows(tmp_path / "run")
+    masked = 0
+    for part in seen[: len(seen) // 2]:  # the first epoch sees every row once
+        no_eos = part.attention_mask[:, part.prompt_len :].sum(1) == part.completion_ids.shape[1]
+        no_eos &= ~torch.isin(part.completion_ids, torch.tensor([1, 2, 3, 256, 257, 258, 259])).any(1)
+        assert not part.completion_mask[no_eos].any()
+        masked += int((part.completion_mask.sum(1) == 0).sum())
+    assert row["train/masked_truncated"] == masked == pytest.approx(8 * row["train/truncated_frac"])
+    assert 0 < masked < 8  # some rows end with an EOS, some do not
+
+
+def _count_old_passes(monkeypatch) -> list[bool]:
+    calls = []
+    original = GRPOModule.frozen_logprobs
+
+    def counting(self, rollout, reference):
+        calls.append(reference)
+        return original(self, rollout, reference)
+
+    monkeypatch.setattr(GRPOModule, "frozen_logprobs", counting)
+    return calls
+
+
+def test_first_pass_gives_pi_old_exactly_without_dropout(tmp_path, random_model_dir, monkeypatch):
+    # One optimizer step per pass (8 rows = minibatch 2 x accumulation 4), no dropout: pi_old comes from the first
+    # pass; with trimming off the metrics equal those of the separate no-grad pass bit for bit.
+    monkeypatch.setattr(RolloutBatch, "trimmed", lambda self: self)
+    one_step = ["--model.init_args.iterations=2", "--model.init_args.grad_accum_steps=4", *VARIED]
+    calls = _count_old_passes(monkeypatch)
+    fit(tmp_path / "reuse", random_model_dir, *one_step)
+    assert calls.count(False) == 0 and calls.count(True) == 2  # reference passes only
+    monkeypatch.setattr(GRPOModule, "reuses_first_pass", property(lambda self: False))
+    fit(tmp_path / "separate", random_model_dir, *one_step)
+    assert calls.count(False) == 2
+    assert _train_rows(tmp_path / "reuse" / "run") == _train_rows(tmp_path / "separate" / "run")
+
+
+@pytest.mark.parametrize(("switch", "old_passes"), [("false", 1), ("true", 0)])
+def test_lora_dropout_keeps_the_separate_pass_unless_switched(
+    tmp_path, random_model_dir, monkeypatch, switch, old_passes
+):
+    calls = _count_old_passes(monkeypatch)
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=1", "--model.init_args.grad_accum_steps=4",
+        "--model.init_args.lora.r=4", "--model.init_args.lora.dropout=0.1",
+        f"--model.init_args.reuse_first_pass_logp={switch}", *VARIED)  # fmt: skip
+    assert calls.count(False) == old_passes
+
+
+def test_several_steps_per_pass_keep_the_separate_pass(tmp_path, random_model_dir, monkeypatch):
+    calls = _count_old_passes(monkeypatch)  # SMALL: minibatch 2 x accumulation 2 over 8 rows: 2 steps per pass
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=1", *VARIED)
+    assert calls.count(False) == 1
+
+
+def _step_gradients(monkeypatch) -> list[torch.Tensor]:
+    grads = []
+    original = update.clipped_step
+
+    def recording(module, optimizer):
+        grads.append(torch.cat([p.grad.reshape(-1) for p in module.policy.parameters() if p.grad is not None]))
+        return original(module, optimizer)
+
+    monkeypatch.setattr(update, "clipped_step", recording)
+    return grads
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "reinforce"])
+def test_token_mean_under_accumulation_equals_one_micro_batch(tmp_path, eos_model_dir, monkeypatch, algorithm):
+    # One optimizer step over the same 8 rows (same seed: same rollout) of varied lengths, split 4 x 2 rows or taken as
+    # one micro-batch of 8: with token_mean both are the mean over the step's tokens, so the
+    # gradients agree (float32 here: the tiny configs' dtype; the loss-level float64 check is in test_losses.py).
+    grads = _step_gradients(monkeypatch)
+    config = f"configs/tiny/format_copy_{algorithm}.yaml"
+    common = ["--model.init_args.iterations=1", "--model.init_args.kl_coef=0.1", *VARIED]
+    if algorithm == "grpo":
+        common.append("--model.init_args.ppo_epochs=1")
+    splits = {"split": ("2", "4"), "whole": ("8", "1")}
+    for aggregation in ("token_mean", "seq_mean_token_mean"):
+        for name, (rows, accum) in splits.items():
+            split = [f"--model.init_args.minibatch_size={rows}", f"--model.init_args.grad_accum_steps={accum}"]
+            aggregate = f"--model.init_args.loss_aggregation={aggregation}"
+            fit(tmp_path / f"{aggregation}_{name}", eos_model_dir, *common, *split, aggregate, config=config)
+    token_split, token_whole, seq_split, seq_whole = grads
+    torch.testing.assert_close(token_split, token_whole, rtol=1e-4, atol=1e-7)
+    # The check has teeth: the lengths vary, so the course's reduction (a mean of per-row means) is another objective.
+    # (At this first step the policy equals the reference, so the KL term's gradient is 0 in both.)
+    assert not torch.allclose(token_whole, seq_whole, rtol=1e-3)
+    torch.testing.assert_close(seq_split, seq_whole, rtol=1e-4, atol=1e-7)  # equal-sized micro-batches: a mean too
+
+
+# ---- rollout-side options on a hand-built rollout ----------------------------------------------------------------
+
+
+def _rollout(rewards: list[float], eos_rows: list[bool]) -> tuple[RolloutBatch, list[Score]]:
+    n = len(rewards)
+    completion = torch.full((n, 3), 65)
+    completion[torch.tensor(eos_rows), 1] = 2  # EOS id 2 ends these rows at their second token
+    return (
+        RolloutBatch(
+            input_ids=torch.cat([torch.full((n, 2), 70), completion], dim=1),
+            attention_mask=torch.ones(n, 5, dtype=torch.long),
+            completion_mask=torch.ones(n, 3, dtype=torch.bool),
+            rewards=torch.tensor(rewards),
+            advantages=torch.zeros(n),
+            prompt_len=2,
+            texts=[str(r) for r in rewards],
+            prompt_index=[i // 2 for i in range(n)],
+        ),
+        [Score(total=r, correct=r > 1, components={}) for r in rewards],
+    )
+
+
+def _hp(**changes) -> SimpleNamespace:
+    hp = dict(group_size=2, advantage="grpo", adv_clip=5.0, filter_zero_std_groups=False, mask_truncated=False)
+    return SimpleNamespace(**(hp | changes))
+
+
+def test_apply_variants_estimators_then_clip():
+    rollout, scores = _rollout([1.3, 0.2, 0.1, 0.1, 1.1, 0.0], [True] * 6)
+    out, _, metrics = apply_variants(rollout, scores, _hp(advantage="rloo"), eos=[2])
+    # rloo, G = 2: r minus the other reward: (1.1, -1.1), (0, 0), (1.1, -1.1).
+    torch.testing.assert_close(out.advantages, torch.tensor([1.1, -1.1, 0.0, 0.0, 1.1, -1.1]))
+    assert metrics == {}  # nothing logged for options that are off
+    out, _, _ = apply_variants(rollout, scores, _hp(advantage="dr_grpo", adv_clip=0.5), eos=[2])
+    # dr_grpo: r - mean = (0.55, -0.55), 0, (0.55, -0.55), then clipped to +-0.5.
+    torch.testing.assert_close(out.advantages, torch.tensor([0.5, -0.5, 0.0, 0.0, 0.5, -0.5]))
+    out, _, _ = apply_variants(rollout, scores, _hp(), eos=[2])
+    torch.testing.assert_close(out.advantages, group_advantages(rollout.rewards, 2))
+
+
+def test_apply_variants_filter_and_mask_truncated():
+    rollout, scores = _rollout([1.3, 0.2, 0.1, 0.1, 1.1, 0.0], [True, False, True, True, False, False])
+    out, kept, metrics = apply_variants(rollout, scores, _hp(filter_zero_std_groups=True, mask_truncated=True), [2])
+    assert out.texts == ["1.3", "0.2", "1.1", "0.0"] and [s.total for s in kept] == [1.3, 0.2, 1.1, 0.0]
+    assert metrics == {"train/filtered_groups": 1.0, "train/masked_truncated": 3.0}  # of the rows kept
+    assert out.completion_mask.tolist() == [[True] * 3, [False] * 3, [False] * 3, [False] * 3]
+    assert out.attention_mask.sum() == 20  # the forward still sees every token
+
+
+def test_trimmed_cuts_padding_columns_only():
+    rollout, _ = _rollout([1.0, 0.0], [True, True])
+    rollout.attention_mask[:, 4] = 0  # both completions end at their second token
+    rollout.old_logp = torch.arange(6.0).view(2, 3)
+    trimmed = rollout.trimmed()
+    assert trimmed.input_ids.shape == (2, 4) and trimmed.completion_mask.shape == (2, 2)
+    assert trimmed.old_logp.tolist() == [[0.0, 1.0], [3.0, 4.0]] and trimmed.rewards is rollout.rewards
+
+
+# ---- pass@k, settings ----------------------------------------------------------------------------------------------
+
+
+def _pass_at_k_product(n: int, c: int, k: int) -> float:
+    """Chen et al.'s numerically stable form: 1 - prod_{i = n-c+1}^{n} (1 - k / i)."""
+    return 1.0 if n - c < k else 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "by_hand"),
+    [
+        (5, 1, 1, 0.2),  # one of five
+        (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+        (10, 3, 5, 1 - 21 / 252),  # 1 - C(7,5)/C(10,5)
+        (16, 4, 8, 1 - 495 / 12870),  # 1 - C(12,8)/C(16,8)
+        (4, 0, 2, 0.0),
+        (4, 3, 2, 1.0),  # only one wrong sample: any two include a correct one
+        (8, 8, 8, 1.0),
+    ],
+)
+def test_pass_at_k_table(n, c, k, by_hand):
+    assert pass_at_k(n, c, k) == pytest.approx(by_hand, abs=1e-12)
+    assert pass_at_k(n, c, k) == pytest.approx(_pass_at_k_product(n, c, k), abs=1e-12)
+
+
+def test_eval_samples_log_pass_at_1_and_k(tmp_path, random_model_dir):
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=1", "--model.init_args.eval_samples=4", *VARIED)
+    evals = [r for r in _rows(tmp_path / "run") if "eval/exact_match" in r]
+    assert len(evals) == 2
+    for r in evals:  # 4 prompts x 4 samples: pass@1 in steps of 1/16, pass@4 in steps of 1/4, pass@4 >= pass@1
+        assert (r["eval/pass_at_1"] * 16) == pytest.approx(round(r["eval/pass_at_1"] * 16))
+        assert (r["eval/pass_at_k"] * 4) == pytest.approx(round(r["eval/pass_at_k"] * 4))
+        assert r["eval/pass_at_1"] <= r["eval/pass_at_k"] <= 1.0
+    assert any(r["eval/pass_at_1"] > 0 for r in evals)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"ppo_epochs": 2}, "model.ppo_epochs=2: REINFORCE makes one on-policy pass"),
+        ({"ratio_level": "sequence"}, "model.ratio_level='sequence': REINFORCE makes one on-policy pass"),
+        ({"clip_eps_high": 0.28}, "model.clip_eps_high=0.28: REINFORCE makes one on-policy pass"),
+        ({"reuse_first_pass_logp": True}, "model.reuse_first_pass_logp=True: REINFORCE makes one on-policy pass"),
+    ],
+)
+def test_reinforce_rejects_grpo_only_keys(override, message):
+    with pytest.raises(ValueError) as error:
+        ReinforceModule(model_name_or_path="tiny", **override)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_reinforce_takes_the_estimator_and_aggregation_keys():
+    module = ReinforceModule(model_name_or_path="tiny", advantage="rloo", loss_aggregation="token_mean")
+    assert module.hparams.advantage == "rloo" and module.hparams.loss_aggregation == "token_mean"
