@@ -5,6 +5,7 @@ Per run, with no wrapper directory around the runs:
     <run_name>/config.yaml           the resolved config the run used
     <run_name>/metrics.csv           every logged metric, one row per iteration (train) or evaluation (eval)
     <run_name>/generations.jsonl     sampled rollout completions with reward and advantage
+    <run_name>/report.md, overview.png  the run's own report and plot (written at the end of `llm-pg fit`)
     <run_name>/eval/iter_XXXXX.jsonl the greedy eval completions of each evaluation
     <run_name>/final/...             the trained policy (the LoRA adapter alone with LoRA) and tokenizer
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-FILES = ("config.yaml", "metrics.csv", "generations.jsonl")  # at the run's top level
+FILES = ("config.yaml", "metrics.csv", "generations.jsonl", "report.md", "overview.png")  # at the run's top level
 FOLDERS = ("eval", "final")  # taken whole
 
 

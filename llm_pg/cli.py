@@ -4,9 +4,8 @@ llm-pg fit --config configs/tiny/format_copy_grpo.yaml [--model.init_args.kl_coe
 llm-pg fit --config ... --ckpt_path last        # continue the run from its newest checkpoint that verifies
 llm-pg fit --config ... --overwrite true        # start afresh; the old run is moved to <run dir>.old-<time>
 llm-pg validate --config configs/tiny/format_copy_grpo.yaml     # the pre-RL baseline alone
-llm-pg pretrain-tiny [--out DIR]                                # remake the bundled tiny model
-llm-pg eval-tiny                                                # base metrics of the tiny model
-llm-pg sweep FILE | report RUN_DIR... | bundle RUN_DIR... --out FILE.zip
+llm-pg sweep FILE | report RUN_DIR... | bundle RUN_DIR... --out FILE.zip | pretrain-tiny | eval-tiny
+llm-pg --help                                                   # every command, one line each
 
 A config error prints one line and exits 2 (`--debug` or LLM_PG_DEBUG=1: the traceback); SIGTERM / SIGINT
 save the finished iteration and exit 143 / 130 with the command that resumes the run.
@@ -26,13 +25,15 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from llm_pg.callbacks import IterationCheckpoint
+from llm_pg.callbacks import IterationCheckpoint, IterationProgressBar
 from llm_pg.callbacks.checkpoint import VerifiedCheckpointIO, newest_verified, read_header, verify
+from llm_pg.console import COMMANDS, HELP, silence_known_noise
 from llm_pg.data.datamodule import PromptGroupDataModule
 from llm_pg.loggers import default_loggers
 from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.run_config import class_defaults, config_changes, plain_config
 from llm_pg.runs import RunDirError, RunLock, claim, is_rank_zero, mark_complete, trim_logs
+from llm_pg.summary import finish_run
 
 
 def _debug() -> bool:
@@ -97,8 +98,14 @@ class RunSession:
 class LLMPGCLI(LightningCLI):
     def __init__(self, *args, session: RunSession | None = None, **kwargs) -> None:
         self.session = session or RunSession(kwargs.get("args"))
+        self.summary: dict[str, Any] | None = None  # the end-of-run numbers (`llm_pg.summary.summarize_run`)
         kwargs.setdefault("parser_class", OneLineErrorParser)
         super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """`fit` and `validate` only: this trainer's steps need a rollout, which `test` and `predict` never make."""
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name in ("fit", "validate")}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--seed", type=int, default=0, help="Derives every seed of the run (data, sampling, init).")
@@ -183,6 +190,8 @@ class LLMPGCLI(LightningCLI):
             kwargs["logger"] = default_loggers(str(log_dir), config.run_name, config.wandb_project, resume)
         if not config.trainer.get("plugins"):
             kwargs["plugins"] = [VerifiedCheckpointIO()]
+        if config.trainer.get("enable_progress_bar") is not False:
+            kwargs["callbacks"] = [*(config.trainer.get("callbacks") or []), IterationProgressBar()]
         checkpoint = config.get("checkpoint")
         if isinstance(checkpoint, IterationCheckpoint):
             checkpoint.run_config = self.session.run_config
@@ -196,12 +205,14 @@ class LLMPGCLI(LightningCLI):
         self.session.fitting = True
 
     def after_fit(self) -> None:
-        """`COMPLETE`, written last: the run reached its final iteration and wrote `final/`."""
+        """`COMPLETE` once the run reached its final iteration and wrote `final/`; then the run's report and summary."""
         trainer, module = self.trainer, self.model
         directory = Path(trainer.default_root_dir)
-        finished = trainer.state.status == TrainerStatus.FINISHED and module.iteration >= module.hparams.iterations
-        if trainer.is_global_zero and finished and (directory / "final").is_dir():
+        if not trainer.is_global_zero or trainer.state.status != TrainerStatus.FINISHED:
+            return
+        if module.iteration >= module.hparams.iterations and (directory / "final").is_dir():
             mark_complete(directory, module.iteration)
+        self.summary = finish_run(trainer, directory)
 
 
 def _resolve_checkpoint(ckpt_path: str, directory: Path, announce: bool) -> Path | None:
@@ -258,21 +269,16 @@ def run_cli(args: list[str] | None = None, session: RunSession | None = None) ->
         session.release()
 
 
-COMMANDS = {  # llm-pg <command>: the project's own commands beside LightningCLI's fit/validate
-    "pretrain-tiny": "llm_pg.tiny.pretrain",
-    "eval-tiny": "llm_pg.tiny.evaluate",
-    "sweep": "llm_pg.sweep",
-    "report": "llm_pg.report",
-    "bundle": "llm_pg.bundle",
-}
-
-
 def main(argv: list[str] | None = None) -> None:
     words = sys.argv[1:] if argv is None else list(argv)
-    if words and words[0] in COMMANDS:
+    if not words or words[0] in ("-h", "--help"):
+        print(HELP)
+        sys.exit(0 if words else 2)
+    silence_known_noise()
+    if COMMANDS.get(words[0], (None, None))[1]:
         import importlib
 
-        sys.exit(importlib.import_module(COMMANDS[words[0]]).main(words[1:]))
+        sys.exit(importlib.import_module(COMMANDS[words[0]][1]).main(words[1:]))
     if "--debug" in words:
         words.remove("--debug")
         os.environ["LLM_PG_DEBUG"] = "1"

@@ -1,5 +1,7 @@
-"""Every shipped config instantiates, and bad settings fail early with a message naming the key."""
+"""Every shipped config instantiates, bad settings fail early with a message naming the key, and a run shows its
+progress in RL iterations."""
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -214,3 +216,54 @@ def test_validate_reports_the_baseline(tmp_path, random_model_dir):
     )
     assert cli.trainer.callback_metrics["eval/exact_match"] == 0.0  # a random model copies nothing
     assert Path(cli.trainer.default_root_dir).name == "tiny_format_copy_grpo"
+
+
+def test_progress_bar_counts_iterations_and_shows_reward_and_eval_em(tmp_path, random_model_dir):
+    """Two iterations, then a resume to four with the bar on: it counts 4/4, not `Epoch 0/-2 ... 2/--`."""
+    from llm_pg.callbacks.progress import IterationProgressBar
+
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", "--model.init_args.eval_every=2")
+    resume = ("--ckpt_path=last", "--model.init_args.iterations=4", "--trainer.enable_progress_bar=true")
+    cli = fit(tmp_path, random_model_dir, "--model.init_args.eval_every=2", *resume)
+    bar = cli.trainer.progress_bar_callback
+    assert isinstance(bar, IterationProgressBar)
+    task = bar.progress.tasks[bar.train_progress_bar_id]
+    assert (task.description, task.completed, task.total) == ("iteration", 4, 4)
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    reward = [float(r["train/reward"]) for r in rows if r["train/reward"]]
+    em = {int(float(r["step"])): float(r["eval/exact_match"]) for r in rows if r["eval/exact_match"]}
+    assert len(reward) == 4 and sorted(em) == [0, 2, 4]
+    # The bar's last values: iteration 4's reward, and the evaluation before it (iteration 2, in the first attempt;
+    # the final one follows the last step).
+    assert bar.get_metrics(cli.trainer, cli.model) == pytest.approx({"reward": reward[-1], "eval_em": em[2]})
+
+
+def test_wandb_offline_prints_nothing_of_its_own(tmp_path, monkeypatch, capfd):
+    """W&B's banner, sync hint and the `anonymous` warning all stay out; the run's summary gives the sync command."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    from llm_pg.loggers import default_loggers
+    from llm_pg.summary import offline_wandb_dir
+
+    loggers = default_loggers(str(tmp_path), "run", "llm_pg_test", resume=False)
+    run = loggers[1].experiment
+    run.log({"train/reward": 1.3})
+    trainer = type("Trainer", (), {"loggers": loggers})()
+    assert offline_wandb_dir(trainer).parent == tmp_path / "wandb"
+    run.finish()
+    printed = capfd.readouterr()
+    assert "wandb" not in printed.out + printed.err
+
+
+def test_csv_logger_does_not_warn_on_a_fresh_run_dir_and_other_warnings_still_show(tmp_path):
+    import warnings
+
+    from llm_pg.loggers import ResumableCSVLogger
+
+    (tmp_path / ".lock").write_text("1 host\n")  # what `llm_pg.runs.claim` leaves in a fresh run dir
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ResumableCSVLogger(str(tmp_path)).experiment.log_metrics({"train/reward": 1.3}, step=1)
+        warnings.warn("a warning of the run's own", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["a warning of the run's own"]

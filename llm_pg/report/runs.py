@@ -1,0 +1,196 @@
+"""Reading run directories and the numbers `llm-pg report` tabulates: one `RunLog` per run, seeds grouped.
+
+A run directory holds `metrics.csv` (one row per iteration for the train metrics, one per evaluation for the eval
+metrics; `step` is the RL iteration) and `generations.jsonl`. Runs whose names differ only by `_seed<N>` form a
+group; the table gives mean ± std (population) over a group's seeds.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+TIME_COLUMNS = ("time/rollout", "time/update", "time/eval")
+TARGET = 0.9  # "iterations to reach 0.9 eval exact match"
+SEED = re.compile(r"_seed\d+$")
+OLD_RUN = re.compile(r"\.old-\d{8}-\d{6}(-\d+)?$")
+
+
+@dataclass
+class RunLog:
+    """One run's logged metrics: `series[column][step] = value` (the last row wins for a step logged twice, as
+    after a resume), plus its sampled rollout rows."""
+
+    path: Path
+    series: dict[str, dict[int, float]]
+    generations: list[dict] = field(default_factory=list)
+
+    @property
+    def group(self) -> str:
+        return SEED.sub("", self.path.name)
+
+    @property
+    def seed(self) -> int:
+        found = SEED.search(self.path.name)
+        return int(found.group()[len("_seed") :]) if found else 0
+
+    def values(self, column: str) -> tuple[np.ndarray, np.ndarray]:
+        """Steps (RL iterations) and values of one column, sorted by step."""
+        points = sorted(self.series.get(column, {}).items())
+        return np.array([s for s, _ in points], dtype=float), np.array([v for _, v in points], dtype=float)
+
+
+class DamagedRun(ValueError):
+    """A run file that cannot be read as the trainer writes it; the message names the file and the line."""
+
+
+def _read_metrics(file: Path) -> dict[str, dict[int, float]]:
+    series: dict[str, dict[int, float]] = {}
+    with file.open(newline="") as f:
+        reader = csv.DictReader(f)
+        for row in reader:
+            if None in row or None in row.values():  # more or fewer fields than the header: a row cut short
+                raise DamagedRun(f"{file}: line {reader.line_num} does not match the header (cut short?)")
+            try:
+                step = int(float(row["step"]))
+                for column, text in row.items():
+                    if column != "step" and text != "":
+                        series.setdefault(column, {})[step] = float(text)
+            except (KeyError, ValueError) as error:
+                raise DamagedRun(f"{file}: line {reader.line_num}: {error!r}") from error
+    return series
+
+
+def _read_generations(file: Path) -> list[dict]:
+    rows = []
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as error:
+            raise DamagedRun(f"{file}: line {number} is not JSON ({error.msg}; cut short?)") from error
+    return rows
+
+
+def read_run(path: str | Path) -> RunLog:
+    """A run directory's metrics.csv, generations.jsonl and (for kl_coef) config.yaml; DamagedRun names the file
+    that cannot be read."""
+    path = Path(path)
+    series = _read_metrics(path / "metrics.csv")
+    generations = _read_generations(path / "generations.jsonl") if (path / "generations.jsonl").is_file() else []
+    try:
+        config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
+    except yaml.YAMLError as error:
+        raise DamagedRun(f"{path / 'config.yaml'}: not YAML ({error})") from error
+    if ((config or {}).get("model") or {}).get("init_args", {}).get("kl_coef") == 0:
+        series.pop("train/kl", None)  # no reference model: the logged 0 is a placeholder, not a measurement
+    return RunLog(path, series, generations)
+
+
+def run_dirs(paths: Sequence[str | Path]) -> list[Path]:
+    """The run directories named, a sweep folder standing for the runs inside it."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if (path / "metrics.csv").is_file():
+            found.append(path)
+        else:
+            # `<run>.old-<time>` folders hold runs that `llm-pg fit --overwrite true` moved aside: not this sweep's.
+            inner = sorted(p.parent for p in path.glob("*/metrics.csv") if not OLD_RUN.search(p.parent.name))
+            if not inner:
+                raise FileNotFoundError(f"{path}: no metrics.csv here or in its subfolders")
+            found += inner
+    return found
+
+
+def group_runs(runs: Sequence[RunLog]) -> dict[str, list[RunLog]]:
+    """Runs differing only by a `_seed<N>` suffix form a group (seeds in order); a name that two folders share
+    gets its parent folder's name in front."""
+    groups: dict[str, list[RunLog]] = {}
+    parents: dict[str, set[Path]] = {}
+    for run in runs:
+        parents.setdefault(run.group, set()).add(run.path.parent)
+    for run in runs:
+        name = run.group if len(parents[run.group]) == 1 else f"{run.path.parent.name}/{run.group}"
+        groups.setdefault(name, []).append(run)
+    return {name: sorted(members, key=lambda r: r.seed) for name, members in groups.items()}
+
+
+# ---- numbers -------------------------------------------------------------------------------------------
+
+
+def summarize(run: RunLog) -> dict[str, float | None]:
+    """The table's numbers for one run; None where the run did not log the metric."""
+    eval_steps, em = run.values("eval/exact_match")
+    reached = eval_steps[em >= TARGET]
+    _, kl = run.values("train/kl")
+    _, reward = run.values("train/reward")
+    _, clip = run.values("train/clip_fraction")
+    seconds = sum(sum(run.series.get(c, {}).values()) for c in TIME_COLUMNS)
+    return {
+        "final_em": float(em[-1]) if len(em) else None,
+        "best_em": float(em.max()) if len(em) else None,
+        "mean_em": float(em.mean()) if len(em) else None,
+        "iters_to_target": float(reached[0]) if len(reached) else None,
+        "final_reward": float(reward[-1]) if len(reward) else None,
+        "final_kl": float(kl[-1]) if len(kl) else None,
+        "mean_clip": float(clip.mean()) if len(clip) else None,
+        "minutes": seconds / 60,
+        "iterations": float(max(run.series.get("train/reward", {0: 0}))),
+    }
+
+
+COLUMNS = [  # (summary key, table header, format)
+    ("final_em", "final eval EM", "{:.3f}"),
+    ("best_em", "best eval EM", "{:.3f}"),
+    ("iters_to_target", f"iterations to EM {TARGET}", "{:.0f}"),
+    ("final_reward", "final reward", "{:.3f}"),
+    ("final_kl", "final KL", "{:.4f}"),
+    ("mean_clip", "mean clip fraction", "{:.3f}"),
+    ("minutes", "compute time (min)", "{:.1f}"),
+]
+
+
+def _cell(values: list[float | None], fmt: str, key: str) -> str:
+    if len(values) == 1:
+        return "-" if values[0] is None else fmt.format(values[0])
+    if key == "iters_to_target":  # per seed: a mean over the seeds that got there would flatter the run
+        return ", ".join("-" if v is None else fmt.format(v) for v in values)
+    present = [v for v in values if v is not None]
+    if not present:
+        return "-"
+    cell = f"{fmt.format(np.mean(present))} ± {fmt.format(np.std(present))}"
+    return cell if len(present) == len(values) else f"{cell} ({len(present)}/{len(values)})"
+
+
+def table(groups: dict[str, list[RunLog]]) -> str:
+    """Markdown: one row per group (mean ± std over its seeds), in the legend's order."""
+    lines = [
+        "| run | seeds | iterations | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+        "|---|---|---|" + "---|" * len(COLUMNS),
+    ]
+    for name, runs in groups.items():
+        stats = [summarize(r) for r in runs]
+        iterations = ", ".join(sorted({f"{s['iterations']:.0f}" for s in stats}))
+        cells = [_cell([s[key] for s in stats], fmt, key) for key, _, fmt in COLUMNS]
+        lines.append(f"| {name} | {len(runs)} | {iterations} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def speed_order(groups: dict[str, list[RunLog]]) -> list[str]:
+    """Fastest learner first: fewest iterations to the target (mean over seeds, a seed that never got there
+    counting twice its run's length), then the higher mean eval exact match over the run."""
+
+    def key(name: str) -> tuple[float, float]:
+        stats = [summarize(r) for r in groups[name]]
+        iters = [s["iters_to_target"] if s["iters_to_target"] is not None else 2 * s["iterations"] for s in stats]
+        return float(np.mean(iters)), -float(np.mean([s["mean_em"] or 0.0 for s in stats]))
+
+    return sorted(groups, key=key)
