@@ -117,6 +117,9 @@ def generate(
             eos_token_id=eos,
             pad_token_id=pad,
             use_cache=True,
+            # transformers would turn this on for an FSDP model and all-reduce at every token; FSDP2 models are
+            # gathered once around the call instead (`llm_pg.modules.distributed.unsharded`), so ranks decode alone.
+            synced_gpus=False,
             **sampling,
         )
     model.train(was_training)

@@ -175,6 +175,10 @@ def test_ddp_equals_one_process_over_the_same_rows(tmp_path, random_model_dir, m
     weights = [torch.load(ddp / f"weights_rank{r}.pt", weights_only=True) for r in (0, 1)]
     for name, weight in weights[0].items():
         assert torch.equal(weight, weights[1][name]), name
+    final = AutoModelForCausalLM.from_pretrained(ddp / "final").state_dict()  # rank zero saved the trained policy
+    assert final.keys() == weights[0].keys()
+    for name, weight in final.items():
+        assert torch.equal(weight, weights[0][name]), name
 
     # Each rank sampled its own prompts.
     for iteration in (0, 1):

@@ -1,9 +1,16 @@
-"""Gradient averaging across DDP ranks for the manual update loop: one all-reduce per optimizer step.
+"""Data parallelism for the manual update loop: DDP gradient averaging, and FSDP2 sharding of the policy and the
+reference (`llm_pg.strategies`).
 
-A training step runs many backward passes and optimizer steps inside one forward of the DDP-wrapped module.
+DDP: a training step runs many backward passes and optimizer steps inside one forward of the DDP-wrapped module.
 DDP's reducer would all-reduce every backward's gradient, and Lightning turns it back on after every step
 (`_DDPForwardRedirection.on_after_outer_forward`), so switching it off once does not hold: each backward runs
 inside `backward_sync_off`, and `average_gradients` reduces the accumulated gradient once before the step.
+
+FSDP2: the policy (and the frozen reference) are sharded per decoder layer (`shard_model`); every backward
+reduce-scatters its gradient into the rank's shard (the mean over ranks), so there is nothing to average and the
+clip sees DTensor gradients. Gradient sync is not skipped between accumulated micro-batches (`backward_sync_off`
+does nothing there: Lightning's `block_backward_sync` acts on DDP modules only): skipping it would keep a full
+unsharded float32 gradient on every rank (30 GB for a 7B model), the memory FSDP exists to save.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ from contextlib import AbstractContextManager, nullcontext
 
 import lightning as L
 import torch
-from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
+
+from llm_pg.strategies import shard_model
 
 
 def backward_sync_off(trainer: L.Trainer) -> AbstractContextManager:
@@ -33,3 +42,30 @@ def average_gradients(params: list[torch.nn.Parameter], world_size: int) -> None
     for p, g in zip(params, grads, strict=True):
         p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
         offset += g.numel()
+
+
+def shard_for_strategy(module: L.LightningModule) -> None:
+    """Under `ModelParallelStrategy` (`llm_pg.strategies.FSDP2`): shard the policy and the frozen reference over the
+    data-parallel ranks. Called at the end of `configure_model`; nothing to do under other strategies."""
+    trainer = module._trainer
+    if trainer is None or not isinstance(trainer.strategy, ModelParallelStrategy):
+        return
+    if module.uses_lora:
+        raise ValueError(
+            f"model.lora.r={module.lora.r} with trainer.strategy {type(trainer.strategy).__name__}: FSDP2 here shards "
+            "full fine-tuning only; set model.lora.r=0, or keep LoRA with --trainer.strategy ddp (the adapter is small)"
+        )
+    if module.hparams.rollout_engine != "hf":
+        raise ValueError(
+            f"model.rollout_engine={module.hparams.rollout_engine} with trainer.strategy "
+            f"{type(trainer.strategy).__name__}: a sharded policy samples with HF generate only; set rollout_engine: hf"
+        )
+    mesh = module.device_mesh["data_parallel"]
+    if module.device_mesh["tensor_parallel"].size() != 1:
+        raise ValueError(
+            "trainer.strategy: tensor parallelism is not supported (tensor_parallel_size must be 1); "
+            "use --trainer.strategy fsdp2"
+        )
+    shard_model(module.policy, mesh, module.compute_dtype)
+    if module.reference is not None:
+        shard_model(module.reference, mesh, module.compute_dtype, frozen=True)

@@ -23,10 +23,12 @@ import math
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from llm_pg.losses import masked_mean
 from llm_pg.modules.distributed import average_gradients, backward_sync_off
 from llm_pg.rollout import RolloutBatch
+from llm_pg.strategies import is_sharded
 
 
 def _all_reduce(value: float, op: torch.distributed.ReduceOp, device: torch.device) -> float:
@@ -53,10 +55,16 @@ def has_dropout(model: torch.nn.Module) -> bool:
 
 
 def clipped_step(module, optimizer) -> float:
-    """Average the accumulated gradient over ranks, clip it and step, or skip (and count) when it is not finite."""
+    """Average the accumulated gradient over ranks, clip it and step, or skip (and count) when it is not finite.
+
+    Under FSDP2 the backward passes already reduce-scattered the mean gradient into each rank's shard: no
+    all-reduce here, and the clip's norm (a DTensor) is the norm of the whole gradient, equal on every rank.
+    """
     params = [p for p in module.policy.parameters() if p.requires_grad]
-    average_gradients(params, module.trainer.world_size)  # under DDP: the mean over ranks
-    norm = float(torch.nn.utils.clip_grad_norm_(params, module.hparams.max_grad_norm))
+    if not is_sharded(module.policy):
+        average_gradients(params, module.trainer.world_size)  # under DDP: the mean over ranks
+    norm = torch.nn.utils.clip_grad_norm_(params, module.hparams.max_grad_norm)
+    norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     if math.isfinite(norm):
         optimizer.step()
         module.optimizer_steps += 1
