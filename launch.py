@@ -2,6 +2,7 @@
 
     modal run --detach launch.py --config configs/math_hard/grpo.yaml [--override model.init_args.kl_coef=0.1 ...]
                                  [--seed 1] [--run_name NAME] [--gpus N]
+    LLM_PG_NODES=2 modal run --detach launch.py --config configs/math_hard/grpo_7b_fsdp.yaml --nodes 2 --gpus 8
     modal run --detach launch.py::sweep --file configs/sweeps/grpo_format_copy_ablation.yaml [--seeds 0,1] [--only a,b]
     modal run -w results.zip launch.py::bundle RUN_NAME...          # `llm-pg bundle` on the Volume, zip written here
     python launch.py --local --config configs/tiny/format_copy_grpo.yaml   # the same function here, without Modal
@@ -13,7 +14,9 @@ nothing. A sweep first downloads its model and dataset into the Volume `llm-pg-h
 The W&B key comes from the Modal secret `wandb` (`modal secret create wandb WANDB_API_KEY=...`); without it
 runs log W&B offline inside the run directory (set LLM_PG_WANDB_SECRET to use another secret name,
 or to an empty string to skip the lookup). `--gpus N` asks for N H100s in one container and runs Lightning's DDP
-across them, each rank rolling out its own prompt groups.
+across them (or the config's own `trainer.strategy`, e.g. fsdp2), each rank rolling out its own prompt groups.
+`--nodes N --gpus 8` runs on a Modal cluster of N containers (`train_cluster`, `@modal.clustered(rdma=True)`), one
+Lightning node each; N is fixed when the app is defined, so LLM_PG_NODES=N must be set too (default 2).
 
 The commands and the training loop are plain Python in llm_pg/modal_support.py, tested without Modal
 credentials (tests/test_launch.py).
@@ -36,6 +39,7 @@ from llm_pg.modal_support import (
     REMOTE_HF,
     REMOTE_ROOT,
     REMOTE_RUNS,
+    cluster_env,
     default_run_name,
     fit_command,
     parse_launch_args,
@@ -52,6 +56,15 @@ ROOT = Path(__file__).resolve().parent
 APP_NAME = "llm-pg"
 RUNS_VOLUME, HF_VOLUME = "llm-pg-runs", "llm-pg-hf-cache"
 TORCH = "torch==2.13.0"  # installed first, as the Makefile does: the same version, here its CUDA build
+VLLM = "vllm==0.32.0"  # pyproject's `vllm` extra, CUDA build: `--override model.init_args.rollout_engine=vllm`
+# vLLM pins transformers<5.20, below requirements.lock, so the project is installed after it, constrained by what
+# vLLM chose plus the lock's line for every other package: the Makefile's `test-vllm` recipe, with the CUDA build.
+CONSTRAINTS = (
+    f"pip freeze --exclude-editable > {REMOTE_ROOT}/vllm-freeze.txt && "
+    "awk -F'==' 'function key(s) { s = tolower(s); gsub(/_/, \"-\", s); return s } "
+    "NR == FNR { chosen[key($1)] = 1; print; next } /^[A-Za-z]/ && !chosen[key($1)]' "
+    f"{REMOTE_ROOT}/vllm-freeze.txt {REMOTE_ROOT}/requirements.lock > {REMOTE_ROOT}/constraints.txt"
+)
 GPU = "H100"
 TIMEOUT_S = 24 * 60 * 60  # Modal's maximum, per attempt; math_hard GRPO (501 iterations) needs roughly 4-8 h
 RETRIES = 3  # attempts after a crash or a timeout; preemptions restart the input on their own
@@ -81,8 +94,15 @@ def repo_config(config: str) -> str:
 image = (
     modal.Image.debian_slim(python_version="3.11")
     .pip_install(TORCH)
+    .pip_install(VLLM)
+    # vLLM's requirements pull torchaudio 2.11 (built for another torch), torchvision and torchcodec; text rollouts
+    # need none of them, and a broken one fails `import vllm` (seen on the CPU build: Makefile, test-vllm).
+    .run_commands("pip uninstall -y torchvision torchaudio torchcodec")
     .add_local_file(ROOT / "requirements.lock", f"{REMOTE_ROOT}/requirements.lock", copy=True)
-    .pip_install_from_pyproject(str(ROOT / "pyproject.toml"), extra_options=f"-c {REMOTE_ROOT}/requirements.lock")
+    .run_commands(CONSTRAINTS)
+    .pip_install_from_pyproject(
+        str(ROOT / "pyproject.toml"), optional_dependencies=["vllm"], extra_options=f"-c {REMOTE_ROOT}/constraints.txt"
+    )
     .env({"HF_HOME": REMOTE_HF, "PYTHONPATH": REMOTE_ROOT, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"})
     .add_local_python_source("llm_pg", ignore=["**/__pycache__/**", "**/*.pyc"])  # assets (tiny model) included
     .add_local_dir(ROOT / "configs", f"{REMOTE_ROOT}/configs")
@@ -129,6 +149,32 @@ def _gpu_function(gpus: int):
     return train if gpus == 1 else train.with_options(gpu=f"{GPU}:{gpus}", cpu=8.0 * gpus, memory=65536 * gpus)
 
 
+CLUSTER_NODES = int(os.environ.get("LLM_PG_NODES", "2"))  # `modal.clustered(size=...)` is fixed at definition
+CLUSTER_GPUS = 8
+
+
+@app.function(
+    gpu=f"{GPU}:{CLUSTER_GPUS}",
+    cpu=8.0 * CLUSTER_GPUS,
+    memory=65536 * CLUSTER_GPUS,
+    timeout=TIMEOUT_S,
+    volumes={REMOTE_RUNS: runs_volume, REMOTE_HF: hf_volume},
+    secrets=_wandb_secrets(),
+)
+@modal.clustered(size=CLUSTER_NODES, rdma=True)
+def train_cluster(config: str, overrides: dict[str, Any], run_name: str, seed: int = 0) -> str:
+    """One run on CLUSTER_NODES containers x 8 H100s: each container is one Lightning node (Modal sets no rank
+    variables: `cluster_env` makes them from the cluster); only node 0 commits the Volumes. Not retried: relaunch
+    the same command to resume from the last committed checkpoint."""
+    cluster = modal.Cluster.from_context()
+    rank = cluster.container_rank()
+    env = cluster_env(rank, cluster.container_ips())
+    commit = _commit_volumes if rank == 0 else None
+    return run_fit(
+        config, overrides, run_name, seed, CLUSTER_GPUS, REMOTE_RUNS, REMOTE_ROOT, commit, CLUSTER_NODES, env
+    )
+
+
 def _announce(run_name: str) -> None:
     print(f"run {run_name}: Volume {RUNS_VOLUME}, path /{run_name} (in the container {REMOTE_RUNS}/{run_name})")
     print(f"  fetch it: {fetch_command(run_name)}")
@@ -142,8 +188,17 @@ def main(*argv: str) -> None:
         local(args)
         return
     config = repo_config(args.config)
+    if args.nodes > 1 and (args.nodes, args.gpus) != (CLUSTER_NODES, CLUSTER_GPUS):
+        raise SystemExit(
+            f"--nodes {args.nodes} --gpus {args.gpus}: a cluster run uses {CLUSTER_GPUS} GPUs per node and "
+            f"LLM_PG_NODES nodes ({CLUSTER_NODES}); run LLM_PG_NODES={args.nodes} modal run launch.py ... "
+            f"--nodes {args.nodes} --gpus {CLUSTER_GPUS}"
+        )
     _announce(args.run_name)
-    status = _gpu_function(args.gpus).remote(config, args.overrides, args.run_name, args.seed, args.gpus)
+    if args.nodes > 1:
+        status = train_cluster.remote(config, args.overrides, args.run_name, args.seed)
+    else:
+        status = _gpu_function(args.gpus).remote(config, args.overrides, args.run_name, args.seed, args.gpus)
     print(f"{args.run_name}: {status}")
     _announce(args.run_name)
 
@@ -215,6 +270,8 @@ def bundle(*argv: str) -> bytes:
 
 def local(args: argparse.Namespace) -> str:
     """`--local`: the launch function in this process, run directories under ./runs, no Volumes, no Modal."""
+    if args.nodes > 1:
+        raise SystemExit("--local runs on this machine only; drop --nodes (clusters need Modal)")
     start = time.perf_counter()
     status = run_fit(args.config, args.overrides, args.run_name, args.seed, args.gpus, str(ROOT / "runs"), ROOT)
     print(f"{args.run_name}: {status} ({(time.perf_counter() - start) / 60:.1f} min), in runs/{args.run_name}")

@@ -18,7 +18,6 @@ import lightning as L
 import torch
 
 from llm_pg.data.tasks.base import Example, Task
-from llm_pg.generation import generate
 from llm_pg.rollout import derive_seed
 
 
@@ -46,19 +45,16 @@ def _sampled_sums(module: L.LightningModule, task: Task, examples: Sequence[Exam
     sums = {"pass_at_1": 0.0, "pass_at_k": 0.0}
     for start in range(0, len(examples), per_call):
         batch = list(examples[start : start + per_call])
-        with module.autocast():
-            texts = generate(
-                module.policy,
-                module.tokenizer,
-                [task.messages(e) for e in batch],
-                num_samples=k,
-                temperature=hp.eval_temperature,
-                top_p=hp.top_p,
-                max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
-                max_prompt_tokens=hp.max_prompt_tokens,
-                chat_template=hp.chat_template,
-                seed=derive_seed(hp.seed, module.iteration, rank, start, "eval_samples"),
-            ).texts
+        texts = module.engine.generate(
+            [task.messages(e) for e in batch],
+            num_samples=k,
+            temperature=hp.eval_temperature,
+            top_p=hp.top_p,
+            max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
+            max_prompt_tokens=hp.max_prompt_tokens,
+            chat_template=hp.chat_template,
+            seed=derive_seed(hp.seed, module.iteration, rank, start, "eval_samples"),
+        ).texts
         for row, example in enumerate(batch):  # rows row*k .. row*k+k-1 answer this example
             correct = sum(task.score(text, example).correct for text in texts[row * k : (row + 1) * k])
             sums["pass_at_1"] += pass_at_k(k, correct, 1)
@@ -75,16 +71,13 @@ def _evaluate_shard(
     completions: list[str] = []
     for start in range(0, len(examples), hp.logprob_batch_size):
         batch = list(examples[start : start + hp.logprob_batch_size])
-        with module.autocast():
-            texts = generate(
-                module.policy,
-                module.tokenizer,
-                [task.messages(e) for e in batch],
-                greedy=True,
-                max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
-                max_prompt_tokens=hp.max_prompt_tokens,
-                chat_template=hp.chat_template,
-            ).texts
+        texts = module.engine.generate(  # the rollout engine (HF or vLLM), greedy
+            [task.messages(e) for e in batch],
+            greedy=True,
+            max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
+            max_prompt_tokens=hp.max_prompt_tokens,
+            chat_template=hp.chat_template,
+        ).texts
         completions.extend(texts)
         for name, value in task.eval_metrics(texts, batch).items():
             sums[name] = sums.get(name, 0.0) + value * len(batch)

@@ -56,13 +56,46 @@ def fit_command(
     gpus: int = 1,
     seed: int = 0,
     runs_root: str = REMOTE_RUNS,
+    nodes: int = 1,
+    strategy: str | None = "ddp",
 ) -> list[str]:
-    """The `llm-pg fit` process one launch runs (as `python -m llm_pg.cli`, which Lightning's DDP re-executes)."""
+    """The `llm-pg fit` process one launch runs (as `python -m llm_pg.cli`, which Lightning's DDP re-executes).
+
+    With more than one GPU in all, `--trainer.devices gpus` (per node), `--trainer.num_nodes nodes` and
+    `--trainer.strategy strategy` (None: the config's own `trainer.strategy`, e.g. fsdp2)."""
     if gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
+    if nodes < 1:
+        raise ValueError(f"--nodes must be >= 1, got {nodes}")
     args = Run(run_name, config, overrides, seed).fit_args(runs_root, resume)
-    ddp = ["--trainer.devices", str(gpus), "--trainer.strategy", "ddp"] if gpus > 1 else []
-    return [sys.executable, "-m", "llm_pg.cli", "fit", *args, *ddp]
+    parallel = []
+    if gpus * nodes > 1:
+        parallel = ["--trainer.devices", str(gpus)] + (["--trainer.num_nodes", str(nodes)] if nodes > 1 else [])
+        parallel += ["--trainer.strategy", strategy] if strategy else []
+    return [sys.executable, "-m", "llm_pg.cli", "fit", *args, *parallel]
+
+
+def config_strategy(path: str | Path) -> Any:
+    """The `trainer.strategy` a config file sets (None when it sets none, or cannot be read: `llm-pg fit` reports
+    that): a launch then keeps it instead of ddp."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    return (config.get("trainer") or {}).get("strategy") if isinstance(config, dict) else None
+
+
+CLUSTER_PORT = 29500  # MASTER_PORT on node 0 of a Modal cluster; any free port works, every node must agree
+
+
+def cluster_env(container_rank: int, container_ips: Sequence[str], port: int = CLUSTER_PORT) -> dict[str, str]:
+    """Lightning's multi-node variables from a Modal cluster (`modal.Cluster.from_context()`: `container_rank()`,
+    `container_ips()`, ordered by rank), which sets none itself: node 0 is the rendezvous, each container a node."""
+    if not 0 <= container_rank < len(container_ips):
+        raise ValueError(f"container rank {container_rank} outside a cluster of {len(container_ips)} containers")
+    return {"MASTER_ADDR": container_ips[0], "MASTER_PORT": str(port), "NODE_RANK": str(container_rank)}
 
 
 def parse_launch_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -71,7 +104,8 @@ def parse_launch_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", help="repeatable")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run_name", help="run directory name (default: as llm-pg fit names it)")
-    parser.add_argument("--gpus", type=int, default=1, help="H100s in one container, trained with DDP (default 1)")
+    parser.add_argument("--gpus", type=int, default=1, help="H100s per container, trained with DDP (default 1)")
+    parser.add_argument("--nodes", type=int, default=1, help="containers of a Modal cluster (multi-node; default 1)")
     parser.add_argument("--local", action="store_true", help="run here, in-process, with runs under ./runs")
     args = parser.parse_args(list(argv))
     args.overrides = dict(parse_override(o) for o in args.override)
@@ -98,20 +132,25 @@ def run_fit(
     runs_root: str = REMOTE_RUNS,
     cwd: str | Path = REMOTE_ROOT,
     commit: Callable[[], None] | None = None,
+    nodes: int = 1,
+    env: Mapping[str, str] | None = None,
 ) -> str:
     """Train one run to the end, resuming it if an earlier attempt left anything; returns how it ended.
 
     Training runs in a child process (Lightning's DDP launcher re-executes its command line). A SIGTERM or
     SIGINT here stops the child with SIGTERM (it saves the finished iteration) and commits before returning.
+    On a cluster every node runs this with `env = cluster_env(...)`; only node 0 passes `commit`.
     """
     run_dir = Path(runs_root) / run_name
     if is_complete(run_dir):
         print(f"{run_name}: already finished ({run_dir}/COMPLETE exists); pick another --run_name to train again")
         return "already finished"
     resume = bool(resume_flag(run_dir))
-    command = fit_command(config, overrides, run_name, resume, gpus, seed, runs_root)
+    strategy = None if config_strategy(Path(cwd) / config) else "ddp"
+    command = fit_command(config, overrides, run_name, resume, gpus, seed, runs_root, nodes, strategy)
     print(("resuming: " if resume else "starting: ") + shlex.join(command), flush=True)
-    child = subprocess.Popen(command, cwd=cwd, start_new_session=True)  # its own group: DDP ranks stop with it
+    child_env = {**os.environ, **env} if env else None
+    child = subprocess.Popen(command, cwd=cwd, env=child_env, start_new_session=True)  # DDP ranks stop with it
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread: nothing to forward from

@@ -35,6 +35,9 @@ class RolloutBatch:
     advantages: Tensor  # [N] float32, group-normalised and clipped
     old_logp: Tensor | None = None  # [N, C] float32, log pi_old at `logprob_temperature` (GRPO)
     ref_logp: Tensor | None = None  # [N, C] float32, log pi_ref (only when kl_coef > 0)
+    # [N, C] float32, the rollout engine's own log-prob of each sampled token (vLLM; None with HF), 0 on padding:
+    # compared with the trainer's pi_old for `rollout/logprob_mismatch_*`, never used in the loss
+    sampled_logp: Tensor | None = None
     prompt_len: int = 0  # P
     texts: list[str] = field(default_factory=list)  # [N] decoded completions
     prompt_index: list[int] = field(default_factory=list)  # [N] which prompt of the batch each row answers

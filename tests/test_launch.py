@@ -228,3 +228,75 @@ SWEEP = {
         "qwen": {"model.init_args.model_name_or_path": "Qwen/Qwen2.5-0.5B"},
     },
 }
+
+
+# ---- multi-node (a Modal cluster): Lightning's variables, the command, only node 0 commits ----------------------
+
+
+def test_cluster_env_makes_node_zero_the_rendezvous():
+    ips = ["fdaa:0:1::a", "fdaa:0:1::b", "fdaa:0:1::c"]  # container_ips(): IPv6, ordered by container rank
+    assert modal_support.cluster_env(2, ips) == {"MASTER_ADDR": ips[0], "MASTER_PORT": "29500", "NODE_RANK": "2"}
+    assert modal_support.cluster_env(0, ips, port=1234)["MASTER_PORT"] == "1234"
+    with pytest.raises(ValueError, match="container rank 3 outside a cluster of 3"):
+        modal_support.cluster_env(3, ips)
+
+
+def test_multi_node_command_sets_nodes_devices_and_keeps_a_config_strategy(launch, capsys, monkeypatch):
+    command = launch.fit_command("configs/math_hard/grpo.yaml", {}, "mh", resume=False, gpus=8, nodes=2)
+    config = print_config(command, capsys, monkeypatch)
+    assert (str(config["trainer"]["devices"]), config["trainer"]["num_nodes"]) == ("8", 2)
+    assert config["trainer"]["strategy"] == "ddp"
+    fsdp = "configs/math_hard/grpo_7b_fsdp.yaml"
+    assert modal_support.config_strategy(ROOT / fsdp) == "fsdp2"
+    assert modal_support.config_strategy(ROOT / "configs/math_hard/grpo.yaml") is None
+    assert modal_support.config_strategy(ROOT / "no/such.yaml") is None
+    command = launch.fit_command(fsdp, {}, "mh7", resume=False, gpus=8, nodes=2, strategy=None)
+    assert "--trainer.strategy" not in command
+    config = print_config(command, capsys, monkeypatch)
+    assert (config["trainer"]["strategy"], config["trainer"]["num_nodes"]) == ("fsdp2", 2)
+
+
+def test_run_fit_on_a_node_passes_the_cluster_env_and_the_config_strategy(launch, tmp_path, monkeypatch):
+    started = []
+
+    class Child(FakeChild):
+        def __init__(self, command, **kwargs):
+            started.append((command, kwargs))
+
+    monkeypatch.setattr(modal_support.subprocess, "Popen", Child)
+    monkeypatch.setattr(FakeChild, "returncode", 0)
+    env = modal_support.cluster_env(1, ["fdaa::a", "fdaa::b"])
+    fsdp = "configs/math_hard/grpo_7b_fsdp.yaml"
+    assert launch.run_fit(fsdp, {}, "mh7", 0, 8, str(tmp_path), ROOT, None, 2, env) == "finished"
+    command, kwargs = started[-1]
+    assert command[command.index("--trainer.num_nodes") + 1] == "2" and "--trainer.strategy" not in command
+    assert {k: kwargs["env"][k] for k in env} == env and kwargs["env"]["PATH"] == os.environ["PATH"]
+    launch.run_fit("configs/math_hard/grpo.yaml", {}, "mh", 0, 4, str(tmp_path), ROOT)  # one node: env inherited
+    command, kwargs = started[-1]
+    assert kwargs["env"] is None and command[-2:] == ["--trainer.strategy", "ddp"]
+
+
+def test_cluster_function_reads_its_rank_and_only_node_zero_commits(launch, monkeypatch):
+    assert isinstance(launch.train_cluster, modal.Function)
+    assert launch.train_cluster._spec_.gpus == "H100:8"
+    calls = []
+    monkeypatch.setattr(launch, "run_fit", lambda *args: calls.append(args) or "finished")
+    for rank in (0, 1):
+        cluster = SimpleNamespace(container_rank=lambda rank=rank: rank, container_ips=lambda: ["fdaa::a", "fdaa::b"])
+        monkeypatch.setattr(launch.modal.Cluster, "from_context", staticmethod(lambda cluster=cluster: cluster))
+        train = launch.train_cluster._raw_f_  # private, as `_spec_` above: the function the decorators wrap
+        assert train("configs/math_hard/grpo_7b_fsdp.yaml", {}, "mh7") == "finished"
+    (node0, node1) = calls
+    assert node0[7] is launch._commit_volumes and node1[7] is None  # commit: node 0 only
+    assert node0[8] == node1[8] == launch.CLUSTER_NODES
+    assert [args[9]["NODE_RANK"] for args in calls] == ["0", "1"]
+    assert {args[9]["MASTER_ADDR"] for args in calls} == {"fdaa::a"}
+
+
+def test_multi_node_launch_needs_the_cluster_size_it_was_defined_with(launch):
+    argv = ["--config", "configs/math_hard/grpo_7b_fsdp.yaml", "--nodes", "3", "--gpus", "8"]
+    assert launch.parse_launch_args(argv).nodes == 3
+    with pytest.raises(SystemExit, match=r"LLM_PG_NODES=3 modal run launch\.py"):
+        launch.main.info.raw_f(*argv)  # fails before anything reaches Modal
+    with pytest.raises(SystemExit, match="--local runs on this machine only"):
+        launch.local(launch.parse_launch_args(["--config", "configs/tiny/format_copy_grpo.yaml", "--nodes", "2"]))

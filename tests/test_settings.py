@@ -1,5 +1,7 @@
 """Every `model.init_args` key is checked in the constructor, with one line naming the key, the value and a fix."""
 
+import importlib.util
+
 import pytest
 
 from llm_pg.models import LoRA
@@ -45,6 +47,10 @@ BAD = [  # (override, start of the message)
     ({"eval_samples": -1}, "model.eval_samples must be an integer >= 0, got -1; "),
     ({"eval_samples": 2.5}, "model.eval_samples must be an integer >= 0, got 2.5; "),
     ({"eval_temperature": 0.0}, "model.eval_temperature must be > 0, got 0.0; "),
+    ({"rollout_engine": "sglang"}, "model.rollout_engine must be one of hf, vllm, got 'sglang'; "),
+    ({"vllm_gpu_memory_utilization": 1.0}, "model.vllm_gpu_memory_utilization must be in (0, 1), got 1.0; "),
+    ({"vllm_kv_cache_memory_bytes": 0}, "model.vllm_kv_cache_memory_bytes must be >= 1, got 0; "),
+    ({"vllm_max_num_batched_tokens": 0}, "model.vllm_max_num_batched_tokens must be >= 1, got 0; "),
     ({"lora": LoRA(r=-1)}, "model.lora.r must be >= 0, got -1; "),
     ({"lora": LoRA(r=8, alpha=0)}, "model.lora.alpha must be > 0, got 0; "),
     ({"lora": LoRA(r=8, dropout=1.0)}, "model.lora.dropout must be in [0, 1), got 1.0; "),
@@ -96,3 +102,13 @@ def test_good_edge_values_pass():
         eval_samples=1,
         eval_temperature=0.7,
     )
+
+
+def test_vllm_engine_without_vllm_installed_says_how_to_install_it():
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here (.venv-vllm): tests/test_vllm.py covers the engine")
+    with pytest.raises(ValueError) as error:
+        GRPOModule(model_name_or_path="tiny", rollout_engine="vllm")
+    text = str(error.value)
+    assert text.startswith('model.rollout_engine=vllm but vLLM is not installed; pip install -e ".[vllm]"')
+    assert "make test-vllm" in text and "\n" not in text

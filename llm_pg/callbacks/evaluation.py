@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import Callback
 
 from llm_pg.evaluation import evaluate
 from llm_pg.runs import run_dir
+from llm_pg.strategies import unsharded
 
 
 class EvalCallback(Callback):
@@ -38,7 +39,8 @@ class EvalCallback(Callback):
         self.last_evaluated = module.iteration
         task = trainer.datamodule.task
         start = time.perf_counter()
-        metrics, completions = evaluate(module, task, task.eval_examples)  # every rank: it gathers
+        with unsharded(module.policy):  # FSDP2: one gather for the whole evaluation, whatever a rank's batch count
+            metrics, completions = evaluate(module, task, task.eval_examples)  # every rank: it gathers
         module.latest_eval = metrics
         if not trainer.is_global_zero:
             return

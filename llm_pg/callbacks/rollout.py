@@ -9,7 +9,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from llm_pg.data.tasks.base import Score
-from llm_pg.generation import eos_token_ids, generate
+from llm_pg.engines.vllm import VLLMGeneration
+from llm_pg.generation import eos_token_ids
 from llm_pg.losses import advantages, completion_mask, settled_groups
 from llm_pg.rollout import RolloutBatch, derive_seed
 
@@ -17,12 +18,15 @@ from llm_pg.rollout import RolloutBatch, derive_seed
 class RolloutCallback(Callback):
     """Samples and scores one rollout before each training step and attaches it as `batch["rollout"]`.
 
-    For the batch's `n` prompts it samples `group_size` completions each with the current policy
-    (eval mode, no grad, KV cache; seeded from `(seed, iteration, rank)`), scores them with the task,
+    For the batch's `n` prompts it samples `group_size` completions each with the current policy through the
+    module's rollout engine (`module.engine`: HF generate in eval mode, no grad, KV cache, or vLLM; seeded from
+    `(seed, iteration, rank)`), scores them with the task,
     applies the rollout-side variants (`apply_variants`: group filtering, the advantage estimator and its clip,
     masking of truncated rows), and computes pi_old log-probs (GRPO, unless the first training pass provides
     them: `reuses_first_pass`) and pi_ref log-probs (only when `kl_coef > 0`) at `logprob_temperature` (raw
-    logits by default, as the course).
+    logits by default, as the course). An engine that reports its own sampled-token log-probs (vLLM) has them kept
+    as `sampled_logp`; REINFORCE, which has no pi_old, then gets one no-grad pass of the sampling policy
+    (`old_logp`, unused by its loss) so that `llm_pg.engines.logprob_mismatch` has the trainer's side to compare with.
     """
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: dict, batch_idx: int) -> None:
@@ -30,20 +34,17 @@ class RolloutCallback(Callback):
         hp = module.hparams
         task = trainer.datamodule.task
         examples = batch["examples"]
-        with module.autocast():  # the compute dtype (bf16 on a GPU) over float32 master weights
-            sample = generate(
-                module.policy,
-                module.tokenizer,
-                [task.messages(e) for e in examples],
-                num_samples=hp.group_size,
-                max_new_tokens=hp.max_new_tokens,
-                min_new_tokens=hp.min_new_tokens,
-                temperature=hp.temperature,
-                top_p=hp.top_p,
-                max_prompt_tokens=hp.max_prompt_tokens,
-                chat_template=hp.chat_template,
-                seed=derive_seed(hp.seed, batch["index"], trainer.global_rank, "sample"),
-            )
+        sample = module.engine.generate(
+            [task.messages(e) for e in examples],
+            num_samples=hp.group_size,
+            max_new_tokens=hp.max_new_tokens,
+            min_new_tokens=hp.min_new_tokens,
+            temperature=hp.temperature,
+            top_p=hp.top_p,
+            max_prompt_tokens=hp.max_prompt_tokens,
+            chat_template=hp.chat_template,
+            seed=derive_seed(hp.seed, batch["index"], trainer.global_rank, "sample"),
+        )
         prompt_index = [i // hp.group_size for i in range(len(sample.texts))]
         scores = [task.score(text, examples[i]) for text, i in zip(sample.texts, prompt_index, strict=True)]
         device = sample.completion_ids.device
@@ -59,11 +60,14 @@ class RolloutCallback(Callback):
             prompt_len=sample.prompt_ids.shape[1],
             texts=sample.texts,
             prompt_index=prompt_index,
+            sampled_logp=sample.sampled_logprobs if isinstance(sample, VLLMGeneration) else None,
         )
         metrics = rollout_metrics(rollout, scores, hp.group_size, eos)
         rollout, scores, variant_metrics = apply_variants(rollout, scores, hp, eos)
         if len(rollout) and module.needs_old_logp and not module.reuses_first_pass:
             rollout.old_logp = module.frozen_logprobs(rollout, reference=False)
+        elif len(rollout) and not module.needs_old_logp and rollout.sampled_logp is not None:
+            rollout.old_logp = module.frozen_logprobs(rollout, reference=False)  # REINFORCE: for the mismatch only
         if len(rollout) and hp.kl_coef > 0:
             rollout.ref_logp = module.frozen_logprobs(rollout, reference=True)
         batch["rollout"] = rollout

@@ -11,9 +11,73 @@ Every engine has
 `HFEngine` (default) samples with the policy itself through HF `generate`; `VLLMEngine` (optional, `llm-pg[vllm]`)
 runs vLLM colocated in the training process and also returns vLLM's log-prob of every sampled token. It is
 imported from `llm_pg.engines.vllm` only when asked for, because importing vLLM is slow and it is not installed
-by default.
+by default. `build_engine(module)` makes the one the module's `rollout_engine` key names; the module holds it as
+`module.engine`, through which every rollout and evaluation generates.
 """
 
-from llm_pg.engines.hf import HFEngine
+from __future__ import annotations
 
-__all__ = ["HFEngine"]
+from typing import TYPE_CHECKING
+
+import torch
+
+from llm_pg.engines.hf import HFEngine
+from llm_pg.generation import eos_token_ids
+from llm_pg.losses import masked_mean
+from llm_pg.rollout import RolloutBatch
+
+if TYPE_CHECKING:
+    from llm_pg.engines.vllm import VLLMEngine
+
+__all__ = ["HFEngine", "build_engine", "logprob_mismatch"]
+
+
+def build_engine(module) -> HFEngine | VLLMEngine:
+    """The engine `module.hparams.rollout_engine` names, sampling from `module.policy` (after `configure_model`).
+
+    vLLM is set up from the module's settings: the compute dtype, `max_model_len = max_prompt_tokens + the larger
+    of max_new_tokens and eval_max_new_tokens` (the model's own limit when prompts are not cut), the log-prob mode
+    that matches `logprob_temperature`, the policy's EOS ids, and the `vllm_*` keys. On the CPU it runs eagerly
+    (no graph compilation, which would take minutes for a rollout that takes a second).
+    """
+    hp = module.hparams
+    if hp.rollout_engine == "hf":
+        return HFEngine(module.policy, module.tokenizer, autocast=module.autocast)
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if world > 1:
+        # Each rank would start its own colocated vLLM, which vLLM 0.32 cannot do beside torchrun's process group.
+        raise ValueError(
+            f"model.rollout_engine=vllm runs on one device, got {world} ranks; set trainer.devices=1 or use "
+            "rollout_engine: hf under DDP"
+        )
+    from llm_pg.engines.vllm import VLLMEngine, vllm_logprobs_mode
+
+    longest_new = max(hp.max_new_tokens, hp.eval_max_new_tokens or 0)
+    return VLLMEngine(
+        hp.model_name_or_path,
+        module.tokenizer,
+        dtype=module.compute_dtype,
+        max_model_len=hp.max_prompt_tokens + longest_new if hp.max_prompt_tokens is not None else None,
+        gpu_memory_utilization=hp.vllm_gpu_memory_utilization,
+        kv_cache_memory_bytes=hp.vllm_kv_cache_memory_bytes,
+        seed=hp.seed,
+        logprobs_mode=vllm_logprobs_mode(hp.logprob_temperature, hp.temperature),
+        eos_token_ids=eos_token_ids(module.policy, module.tokenizer),
+        enforce_eager=module.device.type == "cpu",
+        max_num_batched_tokens=hp.vllm_max_num_batched_tokens,
+        device=module.device,
+    )
+
+
+def logprob_mismatch(rollout: RolloutBatch) -> dict[str, float]:
+    """`rollout/logprob_mismatch_{max,mean}`: `|sampled_logp - old_logp|` over completion tokens, the max and the
+    token mean, where the engine reported its own log-probs (vLLM) and pi_old is known (after the update, when it
+    comes from the first pass). Near 0 when the engines agree (below 4e-6 in float32 on the CPU; bf16 kernels
+    on a GPU round differently, by an amount not measured yet)."""
+    if rollout.sampled_logp is None or rollout.old_logp is None or not rollout.completion_mask.any():
+        return {}
+    gap = (rollout.sampled_logp.to(rollout.old_logp.device) - rollout.old_logp).abs()  # [N, C]
+    return {
+        "rollout/logprob_mismatch_max": gap[rollout.completion_mask].max().item(),
+        "rollout/logprob_mismatch_mean": masked_mean(gap, rollout.completion_mask).item(),
+    }

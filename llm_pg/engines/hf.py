@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from llm_pg.generation import Conversation, Generation, generate
+from llm_pg.strategies import unsharded
 
 
 class HFEngine:
     """Samples with the policy module itself (eval mode, no grad, KV cache): no second copy of the weights.
 
     `load_weights` only records which module to sample with; weights updated in place by the optimizer are
-    seen at once.
+    seen at once. `autocast` (the module's `autocast`) gives the compute dtype over float32 master weights.
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        autocast: Callable[[], AbstractContextManager] = nullcontext,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.autocast = autocast
 
     def load_weights(self, model: PreTrainedModel) -> None:
         self.model = model
@@ -37,18 +45,22 @@ class HFEngine:
         max_prompt_tokens: int | None = None,
         chat_template: bool = True,
     ) -> Generation:
-        """`llm_pg.generation.generate` with this engine's model and tokenizer (same arguments)."""
-        return generate(
-            self.model,
-            self.tokenizer,
-            conversations,
-            num_samples=num_samples,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            greedy=greedy,
-            seed=seed,
-            max_prompt_tokens=max_prompt_tokens,
-            chat_template=chat_template,
-        )
+        """`llm_pg.generation.generate` with this engine's model and tokenizer (same arguments), under `autocast`.
+
+        A model sharded with FSDP2 is gathered once for the whole call (`unsharded`), not once per decoded token,
+        so its ranks may stop decoding at different steps."""
+        with self.autocast(), unsharded(self.model):
+            return generate(
+                self.model,
+                self.tokenizer,
+                conversations,
+                num_samples=num_samples,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=min_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                greedy=greedy,
+                seed=seed,
+                max_prompt_tokens=max_prompt_tokens,
+                chat_template=chat_template,
+            )

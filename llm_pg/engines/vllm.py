@@ -130,9 +130,10 @@ class VLLMEngine:
             80 GB H100 is 24 GB: Qwen2.5-1.5B's bf16 weights (3.1 GB) and KV cache for ~700k tokens (28 KB each:
             28 layers x K,V x 2 heads x 128 x 2 bytes) where one math_hard rollout needs 64 x 1024 = 65k;
             the other 56 GB hold the LoRA policy, its activations under gradient checkpointing and the float32
-            log-softmax of 8 x 1024 tokens over 152k words (5 GB). Ignored on the CPU.
+            log-softmax of 8 x 1024 tokens over 152k words (5 GB). On the CPU: the share of the NUMA node's memory,
+            less what the process already uses, goes to the KV cache (0.3 of 12.5 GB: 3 GB on the test machine).
         kv_cache_memory_bytes: fixed KV cache size; overrides `gpu_memory_utilization` (on the CPU, the
-            default is vLLM's 4 GB).
+            default is `gpu_memory_utilization`'s share of memory).
         seed: vLLM's own seed; `generate(seed=...)` seeds each request instead, which is what replays a run.
         logprobs_mode: `raw_logprobs` or `processed_logprobs` (module docstring; `vllm_logprobs_mode` picks it
             from `logprob_temperature`).

@@ -18,12 +18,14 @@ import math
 import time
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from llm_pg.engines import HFEngine, build_engine, logprob_mismatch
 from llm_pg.evaluation import evaluate
 from llm_pg.losses import token_entropy, token_logprobs
 from llm_pg.models import (
@@ -35,10 +37,15 @@ from llm_pg.models import (
     master_dtype,
     resolve_model_path,
 )
+from llm_pg.modules.distributed import shard_for_strategy
 from llm_pg.modules.settings import check_settings
 from llm_pg.modules.update import run_update
 from llm_pg.rollout import RolloutBatch, derive_seed
 from llm_pg.runs import run_dir
+from llm_pg.strategies import full_state_dict, is_sharded, unsharded
+
+if TYPE_CHECKING:
+    from llm_pg.engines.vllm import VLLMEngine
 
 
 class PolicyGradientModule(L.LightningModule, ABC):
@@ -74,6 +81,14 @@ class PolicyGradientModule(L.LightningModule, ABC):
         mask_truncated: completions that end without an EOS are left out of the loss (DAPO overlong filtering).
         eval_samples, eval_temperature: k > 0 also samples k completions per eval prompt at this temperature and
             logs `eval/pass_at_1` and `eval/pass_at_k`. See docs/algorithms.md, "Variants".
+        rollout_engine: `hf` (HF generate with the policy itself) | `vllm` (vLLM colocated in this process, fed the
+            policy's weights after every update; `llm-pg[vllm]`). Every rollout and evaluation samples through it.
+        vllm_gpu_memory_utilization: share of the GPU vLLM may take (0.3: Qwen2.5-1.5B beside LoRA training on an
+            80 GB H100; `llm_pg.engines.vllm.VLLMEngine`).
+        vllm_kv_cache_memory_bytes: a fixed vLLM KV cache size instead (null: from the share; on the CPU the share is
+            of the machine's memory).
+        vllm_max_num_batched_tokens: tokens per vLLM step (null: vLLM's default; on the CPU give at least the rollout's
+            prompt tokens, rows x padded prompt length).
         seed: derives sampling, shuffling and dropout seeds (linked from the top-level `seed`).
     """
 
@@ -111,6 +126,10 @@ class PolicyGradientModule(L.LightningModule, ABC):
         mask_truncated: bool = False,
         eval_samples: int = 0,
         eval_temperature: float = 1.0,
+        rollout_engine: str = "hf",
+        vllm_gpu_memory_utilization: float = 0.3,
+        vllm_kv_cache_memory_bytes: int | None = None,
+        vllm_max_num_batched_tokens: int | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -130,6 +149,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.tokenizer = None
         self.compute_dtype: torch.dtype | None = None  # set by configure_model
         self._reference: list[torch.nn.Module] = []  # a list, so the reference is not a submodule
+        self._engine: HFEngine | VLLMEngine | None = None  # built on first use (`engine`)
+        self._engine_iteration: int | None = None  # the iteration whose weights the engine holds
 
     # ---- what the algorithms define -------------------------------------------------------------------
 
@@ -168,6 +189,23 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.policy = load_policy(hp.model_name_or_path, weights, self.lora, hp.gradient_checkpointing)
         if hp.kl_coef > 0 and not self.uses_lora:
             self._reference = [load_reference(hp.model_name_or_path, self.compute_dtype)]
+        shard_for_strategy(self)  # FSDP2 (ModelParallelStrategy): policy and reference sharded over the ranks
+
+    @property
+    def engine(self) -> HFEngine | VLLMEngine:
+        """The rollout engine (`rollout_engine`), holding the policy's weights of the current iteration.
+
+        Built on first use (after `configure_model` and any checkpoint restore). When an update has happened since
+        the engine last received weights, they are pushed first: once per iteration, before the first generation
+        that follows the update (the end-of-iteration evaluation, else the next rollout). HF samples with the policy
+        itself, so it has nothing to copy; vLLM receives every weight (LoRA merged) and drops its prefix cache.
+        """
+        if self._engine is None:
+            self._engine = build_engine(self)
+        if self._engine_iteration != self.iteration:
+            self._engine.load_weights(self.policy)
+            self._engine_iteration = self.iteration
+        return self._engine
 
     def autocast(self) -> AbstractContextManager:
         """Forward passes in the compute dtype: autocast casts float32 weights per op (nothing to do in float32)."""
@@ -296,6 +334,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
                 "time/update": time.perf_counter() - start_time,
                 "time/elapsed": time.perf_counter() - self._clock,  # training wall time, resumes included
                 **batch.get("rollout_metrics", {}),
+                **logprob_mismatch(rollout),  # after the update: pi_old may come from its first pass
             }
         )
         scheduler.step()
@@ -313,15 +352,17 @@ class PolicyGradientModule(L.LightningModule, ABC):
 
     def validation_step(self, batch: list, batch_idx: int) -> None:
         """`llm-pg validate`: greedy eval metrics of the current policy, averaged over the eval set."""
-        metrics, _ = evaluate(self, self.trainer.datamodule.task, batch)
+        with unsharded(self.policy):  # FSDP2: one gather, however many examples this rank decodes
+            metrics, _ = evaluate(self, self.trainer.datamodule.task, batch)
         logged = {f"eval/{k}": v for k, v in metrics.items()}
         self.log_dict(logged, batch_size=len(batch), on_epoch=True, sync_dist=self.trainer.world_size > 1)
 
     def on_train_end(self) -> None:
         """The trained policy (the adapter alone with LoRA) and tokenizer, loadable by transformers/peft."""
+        state = full_state_dict(self.policy) if is_sharded(self.policy) else None  # FSDP2: every rank gathers
         if self.trainer.is_global_zero:
             out = run_dir(self.trainer) / "final"
-            self.policy.save_pretrained(out)
+            self.policy.save_pretrained(out, state_dict=state)
             self.tokenizer.save_pretrained(out)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
