@@ -2,7 +2,9 @@
 
 Rank `r` of `w` decodes examples `r, r + w, r + 2w, ...`; the per-metric sums and the completions are
 gathered, so every rank returns the metrics of the whole set (sum of per-example values / set size, as a
-single process computes them) and the completions in the set's order.
+single process computes them) and the completions in the set's order. Greedy metrics equal a single process's
+up to the float effects of different left padding; sampled pass@k draws its seeds per rank and batch, so its
+samples (not its expectation) depend on the number of ranks.
 
 With `eval_samples: k > 0` each prompt also gets k completions sampled at `eval_temperature` (top-p as in
 training), and with c of them correct, `pass_at_1 = c / k` and `pass_at_k = pass_at_k(k, c, k)` (1 when any is

@@ -28,7 +28,12 @@ RESUME_MAY_CHANGE = {
     "torch_threads",
 }
 RESUME_MAY_CHANGE_PREFIXES = ("checkpoint.", "trainer.")
-RESUME_MUST_KEEP = {"trainer.devices", "trainer.num_nodes", "trainer.precision"}  # world size and numerics
+RESUME_MUST_KEEP = {
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.precision",
+}  # world size, numerics
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

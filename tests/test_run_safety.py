@@ -97,13 +97,14 @@ def test_a_signal_saves_the_iteration_exits_nonzero_and_the_resume_matches_an_un
     common = ["--model.init_args.iterations=3", "--checkpoint.every_n_iterations=10", *DIGITS]
     straight = fit(tmp_path / "straight", random_model_dir, *common).model
     stop = f"--trainer.callbacks+={{'class_path': 'test_run_safety.SendSignal', 'init_args': {{'signum': {signum}}}}}"
+    sigint_before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN under nohup / a background job
     with pytest.raises(RunInterrupted) as stopped:
         fit(tmp_path / "b", random_model_dir, *common, stop)
     run = tmp_path / "b" / "run"
     assert stopped.value.exit_code == code
     assert f"stopped by {signal.Signals(signum).name}; iteration 2 is saved" in str(stopped.value)
     assert str(stopped.value).endswith("--ckpt_path last") and "\n" not in str(stopped.value)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert signal.getsignal(signal.SIGINT) is sigint_before  # handlers restored
     assert read_header(run / "checkpoints" / "last.ckpt")[0] == 2  # every iteration, not every 10
     assert not (run / "final").exists() and not is_complete(run)
     resumed = fit(tmp_path / "b", random_model_dir, *common, "--ckpt_path=last").model

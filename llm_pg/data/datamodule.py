@@ -46,8 +46,9 @@ class PromptStream(IterableDataset):
 
 
 class EvalBatches(IterableDataset):
-    """The eval examples in lists of `batch_size`. Iterable, so Lightning adds no distributed sampler and
-    every rank (in practice rank 0, which runs the eval) sees the whole set."""
+    """The eval examples in lists of `batch_size`, for `llm-pg validate` (evaluation during fit batches by
+    `logprob_batch_size`). Iterable, so Lightning adds no distributed sampler: every rank sees the whole set and
+    `evaluate` shards each batch across ranks itself."""
 
     def __init__(self, examples: list[Example], batch_size: int) -> None:
         self.examples, self.batch_size = examples, batch_size

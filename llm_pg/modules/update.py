@@ -116,8 +116,9 @@ def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple
                     # Default: divide by the micro-batches actually accumulated, so a short last group is a mean too.
                     module.manual_backward(loss * world if token_mean else loss / len(group))
                 stats = {"loss": loss.detach(), "entropy": masked_mean(entropy, part.completion_mask), **stats}
-                if token_mean:  # log the step's objective, not this micro-batch's share of it
-                    stats["loss"], stats["policy_loss"] = stats["loss"] * len(group), stats["policy_loss"] * len(group)
+                if token_mean:  # log the step's objective, not this micro-batch's (or this rank's) share of it
+                    share = len(group) * world  # sync_dist averages over ranks: undo the per-rank token share too
+                    stats["loss"], stats["policy_loss"] = stats["loss"] * share, stats["policy_loss"] * share
                 ratio_max = max(ratio_max, float(stats.pop("ratio_max", 1.0)))
                 for name, value in stats.items():
                     totals[name] = totals.get(name, 0.0) + float(value)

@@ -56,7 +56,8 @@ class Task(ABC):
 
     @abstractmethod
     def build_eval_set(self) -> list[Example]:
-        """The held-out set: identical across runs, algorithms and processes."""
+        """The held-out set: identical across algorithms and processes, and across runs with the same seed
+        (format_copy draws it from the run seed + 123, as the course does)."""
 
     @abstractmethod
     def score(self, completion: str, example: Example) -> Score:
