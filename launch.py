@@ -57,8 +57,8 @@ APP_NAME = "llm-pg"
 RUNS_VOLUME, HF_VOLUME = "llm-pg-runs", "llm-pg-hf-cache"
 TORCH = "torch==2.13.0"  # installed first, as the Makefile does: the same version, here its CUDA build
 VLLM = "vllm==0.32.0"  # pyproject's `vllm` extra, CUDA build: `--override model.init_args.rollout_engine=vllm`
-# vLLM pins transformers<5.20, below requirements.lock, so the project is installed after it, constrained by what
-# vLLM chose plus the lock's line for every other package: the Makefile's `test-vllm` recipe, with the CUDA build.
+# vLLM pins some packages of its own (transformers<5.20: the lock's 5.19.0 fits), so the project is installed after
+# it, constrained by what vLLM chose plus the lock's line for every other package: the Makefile's `test-vllm` recipe.
 CONSTRAINTS = (
     f"pip freeze --exclude-editable > {REMOTE_ROOT}/vllm-freeze.txt && "
     "awk -F'==' 'function key(s) { s = tolower(s); gsub(/_/, \"-\", s); return s } "
