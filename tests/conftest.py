@@ -15,24 +15,28 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="session")
-def random_model_dir(tmp_path_factory) -> str:
-    """A randomly initialised 2-layer Llama (hidden 32) with the tiny byte tokenizer: fast, and its
-    samples are varied, so rewards differ within groups only by chance."""
+def make_random_llama(out: Path, hidden_size: int = 32) -> str:
+    """Save a randomly initialised 2-layer, 2-head Llama with the tiny byte tokenizer into `out`."""
     from transformers import LlamaForCausalLM
 
     from llm_pg.tiny.pretrain import tiny_config
     from llm_pg.tiny.tokenizer import ENDOFTEXT, IM_END, build_tokenizer
 
-    out = tmp_path_factory.mktemp("random-tiny")
     tokenizer = build_tokenizer()
     torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=2))
+    model = LlamaForCausalLM(tiny_config(tokenizer, hidden_size=hidden_size, num_layers=2, num_heads=2))
     model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids([IM_END, ENDOFTEXT])
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory) -> str:
+    """A randomly initialised 2-layer Llama (hidden 32) with the tiny byte tokenizer: fast, and its
+    samples are varied, so rewards differ within groups only by chance."""
+    return make_random_llama(tmp_path_factory.mktemp("random-tiny"))
 
 
 @pytest.fixture(scope="session")

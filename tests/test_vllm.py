@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run `make test-vllm`")
 
-from conftest import ROOT, fit
+from conftest import ROOT, fit, make_random_llama
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from llm_pg.callbacks.rollout import RolloutCallback
@@ -41,18 +41,7 @@ VLLM = ["--model.init_args.rollout_engine=vllm", f"--model.init_args.vllm_kv_cac
 @pytest.fixture(scope="module")
 def random_dir(tmp_path_factory) -> str:
     """A random 2-layer Llama with head dim 32 (vLLM's CPU attention has no kernel for smaller heads)."""
-    from llm_pg.tiny.pretrain import tiny_config
-    from llm_pg.tiny.tokenizer import ENDOFTEXT, IM_END, build_tokenizer
-
-    out = tmp_path_factory.mktemp("random-h32")
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_config(tokenizer, hidden_size=64, num_layers=2, num_heads=2))
-    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids([IM_END, ENDOFTEXT])
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
+    return make_random_llama(tmp_path_factory.mktemp("random-h32"), hidden_size=64)
 
 
 @pytest.fixture(scope="module")
