@@ -22,26 +22,38 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) 
         temperature: divides the logits before the softmax (the sampling temperature).
 
     Returns:
-        `[B, L-1]` float32, computed as gathered logit minus logsumexp: no `[B, L, V]` log-softmax is
-        materialised, and bf16/fp16 logits are upcast one row at a time.
+        `[B, L-1]` float32 (`target_logprobs` of the shifted pair).
+    """
+    return target_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
+
+
+def target_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """`out[:, t] = log_softmax(logits[:, t] / T)[targets[:, t]]`, `[B, L]` float32, for `[B, L, V]` logits.
+
+    Computed as gathered logit minus logsumexp: no `[B, L, V]` log-softmax is materialised, and bf16/fp16 logits
+    are upcast one row at a time.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    targets = input_ids[:, 1:].unsqueeze(-1)  # [B, L-1, 1]
+    targets = targets.unsqueeze(-1)  # [B, L, 1]
     if logits.dtype in (torch.float32, torch.float64):
-        scaled = logits[:, :-1] / temperature if temperature != 1.0 else logits[:, :-1]
+        scaled = logits / temperature if temperature != 1.0 else logits
         return (scaled.gather(-1, targets).squeeze(-1) - torch.logsumexp(scaled, dim=-1)).float()
     # Low-precision logits: upcast one row at a time, so the float32 copy of [L, V] exists per row only.
     rows = []
-    for row_logits, row_targets in zip(logits[:, :-1], targets, strict=True):
-        row_logits = row_logits.float() / temperature  # [L-1, V]
+    for row_logits, row_targets in zip(logits, targets, strict=True):
+        row_logits = row_logits.float() / temperature  # [L, V]
         rows.append(row_logits.gather(-1, row_targets).squeeze(-1) - torch.logsumexp(row_logits, dim=-1))
     return torch.stack(rows)
 
 
 @torch.no_grad()
 def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """Entropy of each position's next-token distribution `[B, L]` (float32), one row at a time, no grad."""
+    """Entropy of each position's next-token distribution `[B, L]` (float32), no grad; low-precision logits are
+    upcast one row at a time."""
+    if logits.dtype in (torch.float32, torch.float64):
+        logp = torch.log_softmax(logits / temperature, dim=-1)  # [B, L, V]
+        return -(logp.exp() * logp).sum(-1).float()
     rows = []
     for row_logits in logits:
         logp = torch.log_softmax(row_logits.float() / temperature, dim=-1)  # [L, V]

@@ -27,7 +27,6 @@ from torch import Tensor
 
 from llm_pg.engines import HFEngine, build_engine, logprob_mismatch
 from llm_pg.evaluation import evaluate
-from llm_pg.losses import token_entropy, token_logprobs
 from llm_pg.models import (
     LoRA,
     default_dtype,
@@ -37,6 +36,7 @@ from llm_pg.models import (
     master_dtype,
     resolve_model_path,
 )
+from llm_pg.modules import logprobs
 from llm_pg.modules.distributed import shard_for_strategy
 from llm_pg.modules.settings import check_settings
 from llm_pg.modules.update import run_update
@@ -74,6 +74,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         eval_every: greedy evaluation every this many iterations (and at iteration 0 and the end).
         eval_max_new_tokens: generation budget for evaluation (default: max_new_tokens).
         logprob_batch_size: rows per no-grad forward pass for old/reference log-probs and evaluation.
+        share_prompt_prefix: run each distinct prompt of a forward once and its completions on its cached keys and
+            values (`llm_pg.modules.logprobs`): the same log-probs and gradients up to float rounding, fewer tokens.
         log_generations_every: iterations between sampled-completion tables (0: never).
         advantage: estimator `grpo` (course) | `dr_grpo` | `rloo` | `reinforce_pp`; `adv_clip` applies after it.
         loss_aggregation: `seq_mean_token_mean` (course) | `token_mean` | `seq_mean_token_sum_norm`.
@@ -119,6 +121,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         eval_every: int = 10,
         eval_max_new_tokens: int | None = None,
         logprob_batch_size: int = 32,
+        share_prompt_prefix: bool = True,
         log_generations_every: int = 10,
         advantage: str = "grpo",
         loss_aggregation: str = "seq_mean_token_mean",
@@ -255,45 +258,13 @@ class PolicyGradientModule(L.LightningModule, ABC):
     def sequence_logprobs(
         self, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """Completion log-probs `[b, C]` at `logprob_temperature`, and optionally the token entropy `[b, C]`.
+        """Completion log-probs `[b, C]` at `logprob_temperature`, and optionally the token entropy `[b, C]`
+        (`llm_pg.modules.logprobs.sequence_logprobs`: each distinct prompt runs once when `share_prompt_prefix`)."""
+        return logprobs.sequence_logprobs(self, model, rollout, with_entropy)
 
-        `out[i, c] = log_softmax(logits[i, P-1+c] / T)[input_ids[i, P+c]]`; positions number real tokens only,
-        so a left-padded row scores as it would alone.
-        """
-        mask = rollout.attention_mask
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded prompts
-        completion_len = rollout.input_ids.shape[1] - rollout.prompt_len
-        # Only the last C+1 positions' logits are needed: position P-1 scores the first completion token.
-        with self.autocast():
-            logits = model(
-                input_ids=rollout.input_ids,
-                attention_mask=mask,
-                position_ids=position_ids,
-                logits_to_keep=completion_len + 1,
-            ).logits  # [b, C+1, V]
-        temperature = self.logprob_temperature
-        logp = token_logprobs(logits, rollout.input_ids[:, rollout.prompt_len - 1 :], temperature)
-        return logp, token_entropy(logits[:, :-1], temperature) if with_entropy else None
-
-    @torch.no_grad()
     def frozen_logprobs(self, rollout: RolloutBatch, reference: bool) -> Tensor:
-        """Log-probs `[N, C]` under pi_old (the policy now) or pi_ref, in no-grad micro-batches."""
-        model = self.policy if not reference else (self.reference or self.policy)
-        was_training = self.policy.training
-        self.policy.eval()
-        width = rollout.completion_mask.shape[1]
-        chunks = []
-        for start in range(0, len(rollout), self.hparams.logprob_batch_size):
-            rows = torch.arange(start, min(start + self.hparams.logprob_batch_size, len(rollout)))
-            part = rollout.select(rows).trimmed()  # padding columns cut; padded back with (masked) zeros below
-            if reference and self.uses_lora:
-                with self.policy.disable_adapter():
-                    logp = self.sequence_logprobs(model, part)[0]
-            else:
-                logp = self.sequence_logprobs(model, part)[0]
-            chunks.append(torch.nn.functional.pad(logp, (0, width - logp.shape[1])))
-        self.policy.train(was_training)
-        return torch.cat(chunks) if chunks else rollout.completion_mask.new_zeros(rollout.completion_mask.shape).float()
+        """Log-probs `[N, C]` under pi_old (the policy now) or pi_ref, no grad (`logprobs.frozen_logprobs`)."""
+        return logprobs.frozen_logprobs(self, rollout, reference)
 
     # ---- optimisation ---------------------------------------------------------------------------------
 

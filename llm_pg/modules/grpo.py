@@ -27,8 +27,9 @@ from torch import Tensor
 
 from llm_pg.losses import grpo_loss
 from llm_pg.modules.base import PolicyGradientModule
+from llm_pg.modules.logprobs import has_dropout
 from llm_pg.modules.settings import check_grpo_settings
-from llm_pg.modules.update import has_dropout, steps_per_pass
+from llm_pg.modules.update import steps_per_pass
 from llm_pg.rollout import RolloutBatch
 
 

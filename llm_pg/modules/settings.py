@@ -103,6 +103,7 @@ def check_variant_settings(hp: dict[str, Any]) -> None:
     )
     _flag("filter_zero_std_groups", hp["filter_zero_std_groups"])
     _flag("mask_truncated", hp["mask_truncated"])
+    _flag("share_prompt_prefix", hp["share_prompt_prefix"])
     if not (
         isinstance(hp["eval_samples"], int) and not isinstance(hp["eval_samples"], bool) and hp["eval_samples"] >= 0
     ):

@@ -2,8 +2,11 @@
 clipped optimizer steps. `PolicyGradientModule.training_step` calls `run_update`; the loss is the module's.
 
 Per pass the rows are shuffled (seeded generator), cut into micro-batches of `minibatch_size` rows, and every
-`grad_accum_steps` micro-batches make one optimizer step. Each micro-batch is trimmed to its longest completion
-first (`RolloutBatch.trimmed`): the columns cut are padding, masked everywhere, so the loss is unchanged.
+`grad_accum_steps` micro-batches make one optimizer step. When a pass is a single optimizer step over equal
+micro-batches, the shuffle cannot change the step, and the rows keep their rollout order instead
+(`grouped_passes`), so that a micro-batch holds whole prompt groups and runs each prompt once. Each micro-batch
+is trimmed to its longest completion first (`RolloutBatch.trimmed`): the columns cut are padding, masked
+everywhere, so the loss is unchanged.
 
 Scaling of each micro-batch's loss before its backward:
 - `seq_mean_token_mean`, `seq_mean_token_sum_norm`: divided by the micro-batches of the step, so the step's
@@ -42,18 +45,6 @@ def steps_per_pass(rows: int, minibatch_size: int, grad_accum_steps: int) -> int
     return math.ceil(math.ceil(rows / minibatch_size) / grad_accum_steps)
 
 
-def has_dropout(model: torch.nn.Module) -> bool:
-    """Whether a forward in train mode is random: a Dropout module (LoRA's among them) or a config dropout > 0."""
-    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
-        return True
-    config = getattr(model, "config", None)
-    settings = config.to_dict() if config is not None else {}
-    return any(
-        ("dropout" in key or "pdrop" in key) and isinstance(value, int | float) and value > 0
-        for key, value in settings.items()
-    )
-
-
 def clipped_step(module, optimizer) -> float:
     """Average the accumulated gradient over ranks, clip it and step, or skip (and count) when it is not finite.
 
@@ -72,6 +63,16 @@ def clipped_step(module, optimizer) -> float:
         module.skipped_steps += 1
     optimizer.zero_grad(set_to_none=True)
     return norm
+
+
+def grouped_passes(module, rows: int, steps: int) -> bool:
+    """Whether the micro-batches take the rows in rollout order (prompt groups together) instead of shuffled.
+
+    True when a pass is one optimizer step over micro-batches of equal size and prefix sharing is on: the step's
+    gradient is then the mean over the pass's rows however they are split (only the float summation order
+    changes), and micro-batches of whole groups run each prompt once (`llm_pg.modules.logprobs`).
+    """
+    return module.hparams.share_prompt_prefix and steps == 1 and rows % module.hparams.minibatch_size == 0
 
 
 def _step_tokens(module, rollout: RolloutBatch, group: list[Tensor]) -> float:
@@ -99,8 +100,9 @@ def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple
         )
     totals: dict[str, float] = {}
     ratio_max, grad_norms, micro_count = 0.0, [], 0
+    in_order = grouped_passes(module, len(rollout), steps)
     for epoch in range(module.epochs):
-        order = torch.randperm(len(rollout), generator=shuffle)
+        order = torch.arange(len(rollout)) if in_order else torch.randperm(len(rollout), generator=shuffle)
         micro = [order[start : start + hp.minibatch_size] for start in range(0, len(rollout), hp.minibatch_size)]
         for step in range(steps):
             group = micro[step * hp.grad_accum_steps : (step + 1) * hp.grad_accum_steps]

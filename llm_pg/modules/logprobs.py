@@ -1,0 +1,130 @@
+"""Completion logits of a rollout under a model, with each distinct prompt run once (prompt-prefix sharing).
+
+A rollout holds `G` completions per prompt, and every row is `[prompt | completion]`. A plain forward runs each
+prompt's tokens `G` times. With prefix sharing the distinct prompts of a batch run once, their keys and values
+are copied to every row that shares them (`Cache.reorder_cache`, an `index_select`: gradients flow back through
+it into the one prompt pass), and the completions run on top of that cache. The logits are the plain forward's up
+to float rounding (1e-5 on float32 logits), and so are the gradients; the saving is the prompt tokens of the
+duplicate rows: `(b - u) * P` of `b * (P + C)` token positions for `b` rows over `u` distinct prompts.
+
+It is used when it is exact and pays off (`shares_prefix`): at least two rows per distinct prompt on average, a
+model that is not sharded (FSDP2 would gather the weights twice), and, in a forward that builds a graph, no
+gradient checkpointing (transformers then drops the cache) and no dropout (the duplicate rows would share one
+dropout mask on their prompt, which changes the estimator's noise). `model.init_args.share_prompt_prefix: false`
+turns it off.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor
+
+from llm_pg.losses import target_logprobs, token_entropy
+from llm_pg.rollout import RolloutBatch
+from llm_pg.strategies import is_sharded
+
+
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a forward in train mode is random: a Dropout module (LoRA's among them) or a config dropout > 0."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    settings = config.to_dict() if config is not None else {}
+    return any(
+        ("dropout" in key or "pdrop" in key) and isinstance(value, int | float) and value > 0
+        for key, value in settings.items()
+    )
+
+
+def distinct_prompts(rollout: RolloutBatch) -> tuple[Tensor, Tensor]:
+    """`(first, inverse)`: one row index per distinct prompt `[u]` (ids and padding both equal), and each row's
+    prompt number `[b]`, so `first[inverse]` maps every row to a row with the same prompt."""
+    prompt = rollout.input_ids.shape[1] - rollout.completion_mask.shape[1]
+    key = torch.cat([rollout.input_ids[:, :prompt], rollout.attention_mask[:, :prompt]], dim=1)  # [b, 2P]
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    first = torch.empty(int(inverse.max()) + 1 if len(inverse) else 0, dtype=torch.long, device=inverse.device)
+    first[inverse] = torch.arange(len(inverse), device=inverse.device)  # any row of each prompt will do
+    return first, inverse
+
+
+def shares_prefix(model: torch.nn.Module, rollout: RolloutBatch, enabled: bool) -> tuple[Tensor, Tensor] | None:
+    """`distinct_prompts(rollout)` when prefix sharing is on, exact and worth a second forward call, else None."""
+    if not enabled or len(rollout) < 2 or is_sharded(model):
+        return None
+    builds_graph = torch.is_grad_enabled() and model.training
+    if builds_graph and (getattr(model, "is_gradient_checkpointing", False) or has_dropout(model)):
+        return None
+    first, inverse = distinct_prompts(rollout)
+    return (first, inverse) if 2 * len(first) <= len(rollout) else None
+
+
+def completion_logits(model: torch.nn.Module, rollout: RolloutBatch, share_prefix: bool = True) -> Tensor:
+    """Logits `[b, C, V]` whose position c scores completion token c (sequence positions `P-1 .. P+C-2`).
+
+    Positions number real tokens only (`cumsum(attention_mask) - 1`, as `generate` numbers left-padded prompts),
+    so a left-padded row scores as it would alone.
+    """
+    mask = rollout.attention_mask
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, P+C]
+    width = rollout.completion_mask.shape[1]  # C
+    prompt = rollout.input_ids.shape[1] - width  # P
+    shared = shares_prefix(model, rollout, share_prefix)
+    if shared is None:
+        return model(
+            input_ids=rollout.input_ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=width + 1
+        ).logits[:, :-1]
+    first, inverse = shared
+    head = model(
+        input_ids=rollout.input_ids[first, :prompt],
+        attention_mask=mask[first, :prompt],
+        position_ids=position_ids[first, :prompt],
+        use_cache=True,
+        logits_to_keep=1,
+    )  # logits [u, 1, V]: position P-1 scores completion token 0
+    if head.past_key_values is None:  # a model that keeps no cache: run the plain forward after all
+        return completion_logits(model, rollout, share_prefix=False)
+    if width == 1:
+        return head.logits[inverse]
+    cache = head.past_key_values
+    cache.reorder_cache(inverse)  # [u, ...] -> [b, ...] per layer
+    tail = model(
+        input_ids=rollout.input_ids[:, prompt : prompt + width - 1],
+        attention_mask=mask[:, : prompt + width - 1],
+        position_ids=position_ids[:, prompt : prompt + width - 1],
+        past_key_values=cache,
+        use_cache=True,
+    ).logits  # [b, C-1, V]: positions P .. P+C-2
+    return torch.cat([head.logits[inverse], tail], dim=1)
+
+
+def sequence_logprobs(module, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False):
+    """Completion log-probs `[b, C]` at the module's `logprob_temperature` T, and optionally the token entropy
+    `[b, C]`: `out[i, c] = log_softmax(logits[i, P-1+c] / T)[input_ids[i, P+c]]`, in the module's compute dtype."""
+    with module.autocast():
+        logits = completion_logits(model, rollout, module.hparams.share_prompt_prefix)  # [b, C, V]
+    temperature = module.logprob_temperature
+    logp = target_logprobs(logits, rollout.completion_ids, temperature)
+    return logp, token_entropy(logits, temperature) if with_entropy else None
+
+
+@torch.no_grad()
+def frozen_logprobs(module, rollout: RolloutBatch, reference: bool) -> Tensor:
+    """Log-probs `[N, C]` under pi_old (the policy now) or pi_ref, in no-grad micro-batches of
+    `logprob_batch_size` rows, each cut to its longest completion and padded back with (masked) zeros."""
+    policy = module.policy
+    model = policy if not reference else (module.reference or policy)
+    was_training = policy.training
+    policy.eval()
+    width = rollout.completion_mask.shape[1]
+    chunks = []
+    for start in range(0, len(rollout), module.hparams.logprob_batch_size):
+        rows = torch.arange(start, min(start + module.hparams.logprob_batch_size, len(rollout)))
+        part = rollout.select(rows).trimmed()
+        adapter_off = policy.disable_adapter() if reference and module.uses_lora else nullcontext()
+        with adapter_off:
+            logp = sequence_logprobs(module, model, part)[0]
+        chunks.append(torch.nn.functional.pad(logp, (0, width - logp.shape[1])))
+    policy.train(was_training)
+    return torch.cat(chunks) if chunks else rollout.completion_mask.new_zeros(rollout.completion_mask.shape).float()

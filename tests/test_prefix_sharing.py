@@ -1,0 +1,176 @@
+"""Prompt-prefix sharing (`llm_pg.modules.logprobs`): each distinct prompt runs once, the completions on its cache.
+
+The logits and gradients equal the plain forward's (float rounding apart), fewer token positions run, and it
+stays off wherever it would not be exact: gradient checkpointing or dropout in a forward that builds a graph.
+"""
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from llm_pg.generation import encode_prompts
+from llm_pg.losses import completion_mask
+from llm_pg.modules import update
+from llm_pg.modules.logprobs import completion_logits, distinct_prompts, shares_prefix
+from llm_pg.rollout import RolloutBatch
+
+PROMPTS = ["Say 1", "Say digits, as many as you can: 0123456789", "Digits?"]
+GROUP = 4
+
+
+def grouped_rollout(model, tokenizer, group: int = GROUP, width: int = 7) -> RolloutBatch:
+    """`len(PROMPTS) * group` rows: left-padded prompts of three lengths, random completions that end (EOS, then
+    pad) at different places, group-contiguous as the rollout callback builds them."""
+    encoded = encode_prompts(tokenizer, [[{"role": "user", "content": p}] for p in PROMPTS])
+    prompt_ids = encoded["input_ids"].repeat_interleave(group, 0)  # [N, P]
+    prompt_mask = encoded["attention_mask"].repeat_interleave(group, 0)
+    n = len(prompt_ids)
+    completion = torch.randint(0, 250, (n, width), generator=torch.Generator().manual_seed(0))
+    eos = tokenizer.eos_token_id
+    for row, end in enumerate([2, 4, 6, width] * (n // 4)):
+        if end < width:
+            completion[row, end] = eos
+            completion[row, end + 1 :] = tokenizer.pad_token_id
+    mask = completion_mask(completion, eos)
+    return RolloutBatch(
+        input_ids=torch.cat([prompt_ids, completion], 1),
+        attention_mask=torch.cat([prompt_mask, mask.long()], 1),
+        completion_mask=mask,
+        rewards=torch.zeros(n),
+        advantages=torch.zeros(n),
+        prompt_len=prompt_ids.shape[1],
+        texts=[""] * n,
+        prompt_index=[row // group for row in range(n)],
+    )
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def model_and_tokenizer(request, random_model_dir, qwen_model_dir):
+    from llm_pg.models import load_tokenizer
+
+    path = random_model_dir if request.param == "llama" else qwen_model_dir
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model, load_tokenizer(path)
+
+
+def count_positions(model) -> list[int]:
+    """Token positions each forward of `model` runs (rows x columns of its input ids)."""
+    seen = []
+    model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True)
+    return seen
+
+
+def masked_gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(((a - b).abs().amax(-1) * mask).max())
+
+
+def test_shared_logits_equal_the_plain_forward_with_fewer_positions(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    model.eval()
+    rollout = grouped_rollout(model, tokenizer)
+    positions = count_positions(model)
+    with torch.no_grad():
+        plain = completion_logits(model, rollout, share_prefix=False)
+        shared = completion_logits(model, rollout, share_prefix=True)
+    assert plain.shape == shared.shape == (12, 7, model.config.vocab_size)
+    assert masked_gap(plain, shared, rollout.completion_mask) < 1e-4
+    assert plain.abs().max() > 1e-2  # logits that mean something
+    n, prompt, width = len(rollout), rollout.prompt_len, 7
+    assert positions == [n * (prompt + width), 3 * prompt, n * (width - 1)]  # 3 distinct prompts, run once each
+
+
+def test_shared_gradients_equal_the_plain_forward(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    model.train()  # dropout 0 in both configs: sharing applies while building a graph
+    rollout = grouped_rollout(model, tokenizer)
+    assert shares_prefix(model, rollout, enabled=True) is not None
+    targets = rollout.completion_ids.unsqueeze(-1)
+
+    def gradient(share: bool) -> torch.Tensor:
+        model.zero_grad()
+        logits = completion_logits(model, rollout, share_prefix=share)
+        logp = torch.log_softmax(logits, -1).gather(-1, targets).squeeze(-1)  # [N, C]
+        (logp * rollout.completion_mask).sum().backward()
+        return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+
+    plain, shared = gradient(False), gradient(True)
+    assert plain.norm() > 1e-3
+    assert float((plain - shared).norm() / plain.norm()) < 1e-5
+
+
+def test_lora_policy_and_its_disabled_adapter_share_exactly(random_model_dir):
+    from llm_pg.models import load_tokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    model.eval()
+    rollout = grouped_rollout(model, load_tokenizer(random_model_dir))
+    with torch.no_grad():
+        plain = completion_logits(model, rollout, share_prefix=False)
+        shared = completion_logits(model, rollout, share_prefix=True)
+        with model.disable_adapter():
+            reference_plain = completion_logits(model, rollout, share_prefix=False)
+            reference_shared = completion_logits(model, rollout, share_prefix=True)
+    assert masked_gap(plain, shared, rollout.completion_mask) < 1e-4
+    assert masked_gap(reference_plain, reference_shared, rollout.completion_mask) < 1e-4
+    assert masked_gap(plain, reference_plain, rollout.completion_mask) > 1e-3  # the adapter matters
+
+
+def test_sharing_stays_off_where_it_would_not_be_exact_or_would_not_pay(random_model_dir):
+    from llm_pg.models import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
+    tokenizer = load_tokenizer(random_model_dir)
+    rollout = grouped_rollout(model, tokenizer)
+    first, inverse = distinct_prompts(rollout)
+    groups = inverse.view(3, GROUP)
+    assert len(first) == 3 and (groups == groups[:, :1]).all() and len(set(groups[:, 0].tolist())) == 3
+    assert torch.equal(
+        rollout.input_ids[first[inverse], : rollout.prompt_len], rollout.input_ids[:, : rollout.prompt_len]
+    )
+    model.train()
+    assert shares_prefix(model, rollout, enabled=False) is None
+    mixed = rollout.select(torch.tensor([0, 4, 8, 1]))  # 3 distinct prompts in 4 rows: a second call does not pay
+    assert shares_prefix(model, mixed, enabled=True) is None
+    model.gradient_checkpointing_enable()
+    assert shares_prefix(model, rollout, enabled=True) is None  # transformers drops the cache under checkpointing
+    with torch.no_grad():
+        assert shares_prefix(model, rollout, enabled=True) is not None  # no graph: the no-grad passes still share
+    model.gradient_checkpointing_disable()
+    model.model.layers[0].self_attn.attention_dropout = 0.0
+    model.config.attention_dropout = 0.1  # a config dropout: duplicate rows would share their prompt's mask
+    assert shares_prefix(model, rollout, enabled=True) is None
+    model.eval()
+    assert shares_prefix(model, rollout, enabled=True) is not None  # eval mode: dropout is off
+
+
+class _Module:
+    def __init__(self, share: bool, minibatch_size: int) -> None:
+        self.hparams = type("H", (), {"share_prompt_prefix": share, "minibatch_size": minibatch_size})()
+
+
+def test_micro_batches_keep_prompt_groups_only_when_a_pass_is_one_step_over_equal_micro_batches():
+    assert update.grouped_passes(_Module(True, 8), rows=48, steps=1)
+    assert not update.grouped_passes(_Module(False, 8), rows=48, steps=1)  # sharing off: shuffled as before
+    assert not update.grouped_passes(_Module(True, 8), rows=48, steps=2)  # several steps: order changes the update
+    assert not update.grouped_passes(_Module(True, 8), rows=44, steps=1)  # a short micro-batch weighs its rows more
+
+
+def test_a_run_with_sharing_trains_like_one_without(tmp_path, random_model_dir):
+    # 8 rows per iteration (2 prompts x 4), micro-batches of 2 x accumulation 4: one step per pass, so with sharing
+    # the micro-batches hold whole groups (unshuffled) and each runs its prompt once; without, they are shuffled.
+    from conftest import fit
+
+    common = ["--model.init_args.iterations=2", "--model.init_args.grad_accum_steps=4"]
+    common += ["--data.task=test_variants.VariedTask", "--data.task.init_args.eval_size=4"]
+    runs = {share: fit(tmp_path / share, random_model_dir, *common, f"--model.init_args.share_prompt_prefix={share}")
+            for share in ("true", "false")}  # fmt: skip
+    weights = {share: dict(cli.model.policy.named_parameters()) for share, cli in runs.items()}
+    start = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
+    moved = max(float((weights["true"][n] - p).abs().max()) for n, p in start.named_parameters())
+    assert moved > 1e-4  # two iterations of updates happened
+    for name, value in weights["true"].items():
+        torch.testing.assert_close(value, weights["false"][name], rtol=1e-4, atol=1e-6)
