@@ -241,3 +241,34 @@ def test_fsdp2_rejects_lora_in_one_line(tmp_path, random_model_dir):
     assert "ValueError: model.lora.r=4 with trainer.strategy FSDP2: FSDP2 here shards full fine-tuning only" in (
         result.stderr
     )
+
+
+def plain_fit_command(tmp_path: Path, model_dir: str, run_name: str, *extra: str) -> list[str]:
+    command = fit_command(tmp_path, model_dir, run_name, "--trainer.devices=2", *extra)
+    return [part for part in command if part != "--model.class_path=test_fsdp.RecordingFSDP"]
+
+
+@pytest.mark.slow
+def test_fsdp2_resume_continues_exactly(tmp_path, random_model_dir):
+    # A run stopped after 2 of 3 iterations and resumed from its last.ckpt (gathered on rank zero, loaded into the
+    # shards) ends as the run that was never stopped: the same metrics every iteration and the same final weights.
+    three = "--model.init_args.iterations=3"
+    run_processes(
+        [
+            (plain_fit_command(tmp_path, random_model_dir, "straight", three), {}),
+            (plain_fit_command(tmp_path, random_model_dir, "stopped", "--model.init_args.iterations=2"), {}),
+        ]
+    )
+    run_processes([(plain_fit_command(tmp_path, random_model_dir, "stopped", three, "--ckpt_path=last"), {})])
+    straight, resumed = tmp_path / "straight", tmp_path / "stopped"
+
+    def rows(run: Path) -> list[dict]:
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in _train_rows(run)]
+
+    assert [r["step"] for r in rows(resumed)] == [1.0, 2.0, 3.0]
+    assert rows(resumed) == rows(straight)
+    initial = AutoModelForCausalLM.from_pretrained(random_model_dir).state_dict()
+    ends = [AutoModelForCausalLM.from_pretrained(run / "final").state_dict() for run in (straight, resumed)]
+    for name, weight in ends[0].items():
+        assert (weight - initial[name]).abs().max() > 1e-4, name
+        torch.testing.assert_close(ends[1][name], weight, atol=0, rtol=0)
