@@ -85,6 +85,7 @@ def generate(
     seed: int | None = None,
     max_prompt_tokens: int | None = None,
     chat_template: bool = True,
+    share_prompt: bool = True,
 ) -> Generation:
     """Sample `num_samples` completions per conversation (KV cache on, model in eval mode).
 
@@ -92,6 +93,8 @@ def generate(
     generation config may carry are switched off, so the log-probs the trainer computes at `temperature`
     are those of the sampling distribution (up to top-p truncation). With `seed`, sampling draws from a
     forked RNG seeded with it: the same seed gives the same completions and global RNG state is untouched.
+    With `share_prompt` and several samples, each prompt is prefilled once (`prompt_cache`) instead of once per
+    sample; the tokens are those of the unshared prefill (the logits agree to float rounding).
     """
     device = next(model.parameters()).device
     encoded = encode_prompts(tokenizer, conversations, max_prompt_tokens, chat_template)
@@ -102,6 +105,7 @@ def generate(
     sampling = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": 0}
     was_training = model.training
     model.eval()
+    cache = prompt_cache(model, encoded, num_samples) if share_prompt else None
     devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, enabled=seed is not None):
         if seed is not None:
@@ -120,9 +124,28 @@ def generate(
             # transformers would turn this on for an FSDP model and all-reduce at every token; FSDP2 models are
             # gathered once around the call instead (`llm_pg.modules.distributed.unsharded`), so ranks decode alone.
             synced_gpus=False,
+            **({"past_key_values": cache} if cache is not None else {}),
             **sampling,
         )
     model.train(was_training)
     completion_ids = output[:, prompt_ids.shape[1] :]  # [N, C]
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     return Generation(prompt_ids, prompt_mask, completion_ids, texts)
+
+
+def prompt_cache(model: PreTrainedModel, encoded: dict[str, Tensor], num_samples: int):
+    """The KV cache of every prompt but its last token, computed once per prompt and repeated `num_samples` times
+    (rows group-contiguous, as `generate` lays them out); None when there is nothing to share or the model keeps
+    no cache. `generate` then runs only each row's last prompt token before sampling, at the position the
+    attention mask gives it, so every row decodes as it would after a prefill of its own."""
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]  # [B, P]
+    if num_samples < 2 or ids.shape[1] < 2:
+        return None
+    device = next(model.parameters()).device
+    ids, mask = ids[:, :-1].to(device), mask[:, :-1].to(device)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # real tokens numbered from 0, as generate() numbers them
+    output = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1)
+    cache = output.past_key_values
+    if cache is not None:
+        cache.batch_repeat_interleave(num_samples)
+    return cache

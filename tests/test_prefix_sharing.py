@@ -174,3 +174,22 @@ def test_a_run_with_sharing_trains_like_one_without(tmp_path, random_model_dir):
     assert moved > 1e-4  # two iterations of updates happened
     for name, value in weights["true"].items():
         torch.testing.assert_close(value, weights["false"][name], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_generation_prefills_each_prompt_once_and_samples_the_same_tokens(model_and_tokenizer, greedy):
+    from llm_pg.generation import generate
+
+    model, tokenizer = model_and_tokenizer
+    conversations = [[{"role": "user", "content": p}] for p in PROMPTS]  # three prompt lengths: left padding
+    settings = {"num_samples": GROUP, "max_new_tokens": 6, "greedy": greedy, "seed": 3}
+    positions = count_positions(model)
+    plain = generate(model, tokenizer, conversations, share_prompt=False, **settings)
+    prefill_plain = positions[0]
+    positions.clear()
+    shared = generate(model, tokenizer, conversations, share_prompt=True, **settings)
+    assert torch.equal(plain.completion_ids, shared.completion_ids) and plain.texts == shared.texts
+    assert len(set(plain.texts)) > 1 or greedy  # sampling drew different completions within a group
+    prompt = plain.prompt_ids.shape[1]
+    assert prefill_plain == 3 * GROUP * prompt
+    assert positions[:2] == [3 * (prompt - 1), 3 * GROUP]  # prompts once without their last token, then each row's

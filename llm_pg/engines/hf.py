@@ -16,6 +16,7 @@ class HFEngine:
 
     `load_weights` only records which module to sample with; weights updated in place by the optimizer are
     seen at once. `autocast` (the module's `autocast`) gives the compute dtype over float32 master weights.
+    `share_prompt_prefix` prefills each prompt once for all its samples (`llm_pg.generation.prompt_cache`).
     """
 
     def __init__(
@@ -23,10 +24,12 @@ class HFEngine:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         autocast: Callable[[], AbstractContextManager] = nullcontext,
+        share_prompt_prefix: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.autocast = autocast
+        self.share_prompt_prefix = share_prompt_prefix
 
     def load_weights(self, model: PreTrainedModel) -> None:
         self.model = model
@@ -63,4 +66,5 @@ class HFEngine:
                 seed=seed,
                 max_prompt_tokens=max_prompt_tokens,
                 chat_template=chat_template,
+                share_prompt=self.share_prompt_prefix,
             )
