@@ -61,7 +61,7 @@ $(VLLM_STAMP): pyproject.toml requirements.lock
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py
+	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py tests/test_vllm_ddp.py
 
 clean:
 	rm -rf $(VENV) runs lightning_logs .pytest_cache

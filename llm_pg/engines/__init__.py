@@ -39,17 +39,27 @@ def build_engine(module) -> HFEngine | VLLMEngine:
     of max_new_tokens and eval_max_new_tokens` (the model's own limit when prompts are not cut), the log-prob mode
     that matches `logprob_temperature`, the policy's EOS ids, and the `vllm_*` keys. On the CPU it runs eagerly
     (no graph compilation, which would take minutes for a rollout that takes a second).
+
+    Under DDP each rank builds its own engine on its own device (`module.device`: `cuda:<k>`, or the CPU), tensor
+    parallel 1, inside the trainer's process group (`llm_pg.engines.vllm`'s docstring), with a vLLM seed of its own;
+    the requests' seeds already differ by rank. Under any other multi-rank strategy (FSDP2) it is refused.
     """
     hp = module.hparams
     if hp.rollout_engine == "hf":
-        return HFEngine(module.policy, module.tokenizer, autocast=module.autocast)
+        return HFEngine(
+            module.policy, module.tokenizer, autocast=module.autocast, share_prompt_prefix=hp.share_prompt_prefix
+        )
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     if world > 1:
-        # Each rank would start its own colocated vLLM, which vLLM 0.32 cannot do beside torchrun's process group.
-        raise ValueError(
-            f"model.rollout_engine=vllm runs on one device, got {world} ranks; set trainer.devices=1 or use "
-            "rollout_engine: hf under DDP"
-        )
+        from lightning.pytorch.strategies import DDPStrategy
+
+        strategy = module.trainer.strategy
+        if not isinstance(strategy, DDPStrategy):
+            # A sharded policy (FSDP2) has no full weights on any rank to push; other strategies are untested.
+            raise ValueError(
+                f"model.rollout_engine=vllm with trainer.strategy {type(strategy).__name__}: several ranks sample "
+                "with vLLM under DDP only; set trainer.strategy: ddp, or rollout_engine: hf"
+            )
     from llm_pg.engines.vllm import VLLMEngine, vllm_logprobs_mode
 
     longest_new = max(hp.max_new_tokens, hp.eval_max_new_tokens or 0)
@@ -60,7 +70,7 @@ def build_engine(module) -> HFEngine | VLLMEngine:
         max_model_len=hp.max_prompt_tokens + longest_new if hp.max_prompt_tokens is not None else None,
         gpu_memory_utilization=hp.vllm_gpu_memory_utilization,
         kv_cache_memory_bytes=hp.vllm_kv_cache_memory_bytes,
-        seed=hp.seed,
+        seed=hp.seed + module.global_rank,  # unseeded requests differ by rank (vLLM wants a seed below 2**32)
         logprobs_mode=vllm_logprobs_mode(hp.logprob_temperature, hp.temperature),
         eos_token_ids=eos_token_ids(module.policy, module.tokenizer),
         enforce_eager=module.device.type == "cpu",

@@ -12,6 +12,13 @@ Sampled-token log-probs (`VLLMGeneration.sampled_logprobs`) come in one of two m
   trainer's log-probs at the sampling temperature (`logprob_temperature: null`) where top_p is 1 and the row
   is past `min_new_tokens`; elsewhere they are the log-probs of what vLLM actually sampled from.
 
+Under DDP every rank builds its own engine (tensor parallel 1) on its own device, as TRL's colocate mode does:
+vLLM's `external_launcher` executor adopts the trainer's process group (`init_distributed_environment` skips
+`init_process_group` when one exists) and makes one single-rank tensor-parallel group per rank, so no collective
+runs while sampling. Making groups is collective: all ranks start their engines together, at the first generation.
+It reads RANK (Lightning's launcher sets none) and LOCAL_RANK (the GPU index it samples on), set while it starts.
+Verified on CPU processes over gloo only (`tests/test_vllm_ddp.py`); NCCL and GPU placement are untested.
+
 Caveats: on the CPU vLLM binds the process's OpenMP threads when it starts, after which `torch.set_num_threads`
 is ignored; weights are pushed through `reload_weights(weights_iterator=...)` (loading from a path gave wrong
 log-probs in version 0.32) and the prefix cache is reset after every push, as cached prompt blocks hold keys and
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -117,6 +125,26 @@ def _repack_tied_lm_head(worker) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
+@contextmanager
+def _launcher_environment(device: torch.device) -> Iterator[None]:
+    """RANK, LOCAL_RANK and WORLD_SIZE as `external_launcher` reads them, while the engine starts; restored after,
+    as Lightning reads its own LOCAL_RANK. LOCAL_RANK is the rank's CUDA device index (vLLM samples on
+    `cuda:LOCAL_RANK`; with `trainer.devices=[2, 3]` not the trainer's local rank); on the CPU the rank."""
+    rank = torch.distributed.get_rank()
+    local = device.index if device.type == "cuda" and device.index is not None else rank
+    values = {"RANK": rank, "LOCAL_RANK": local, "WORLD_SIZE": torch.distributed.get_world_size()}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update({name: str(value) for name, value in values.items()})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class VLLMEngine:
     """vLLM sampling in the training process, behind the interface of `llm_pg.engines` (see its docstring).
 
@@ -142,7 +170,8 @@ class VLLMEngine:
         max_num_batched_tokens: tokens per engine step (None: vLLM's default). On the CPU, give at least the
             rollout's prompt tokens (rows x padded prompt length): vLLM 0.32 cannot rewind a seeded CPU generator
             when it splits a prompt across steps and fails with "CPU Generator does not use offset".
-        device: where the returned tensors go (default: the GPU when there is one).
+        device: where the returned tensors go (default: the GPU when there is one). Under DDP also where vLLM
+            runs: `cuda:k` samples on GPU k, whose memory `gpu_memory_utilization` is a share of.
     """
 
     def __init__(
@@ -174,20 +203,24 @@ class VLLMEngine:
         self.eos = sorted(set(eos_token_ids)) if eos_token_ids is not None else checkpoint_eos_ids(path, tokenizer)
         self.logprobs_mode = logprobs_mode
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.llm = LLM(
-            model=path,
-            dtype=str(dtype).removeprefix("torch."),
-            seed=seed,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            logprobs_mode=logprobs_mode,
-            enforce_eager=enforce_eager,
-            max_num_batched_tokens=max_num_batched_tokens,
-            skip_tokenizer_init=True,  # prompts arrive as ids; texts are decoded by our tokenizer
-            generation_config="vllm",  # no sampling defaults from the checkpoint: every setting is ours
-            enable_prefix_caching=True,  # the G rows of a group share their prompt's blocks
-        )
+        distributed = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        with _launcher_environment(self.device) if distributed else nullcontext():
+            self.llm = LLM(
+                model=path,
+                dtype=str(dtype).removeprefix("torch."),
+                seed=seed,
+                max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization,
+                kv_cache_memory_bytes=kv_cache_memory_bytes,
+                logprobs_mode=logprobs_mode,
+                enforce_eager=enforce_eager,
+                max_num_batched_tokens=max_num_batched_tokens,
+                skip_tokenizer_init=True,  # prompts arrive as ids; texts are decoded by our tokenizer
+                generation_config="vllm",  # no sampling defaults from the checkpoint: every setting is ours
+                enable_prefix_caching=True,  # the G rows of a group share their prompt's blocks
+                # DDP: one engine per rank inside the trainer's process group (module docstring); else one process.
+                distributed_executor_backend="external_launcher" if distributed else None,
+            )
 
     @property
     def pad(self) -> int:

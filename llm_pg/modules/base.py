@@ -314,8 +314,11 @@ class PolicyGradientModule(L.LightningModule, ABC):
         if self.iteration >= hp.iterations:
             self.trainer.should_stop = True
         distributed = self.trainer.world_size > 1
+        maxima = {"train/ratio_max": ratio_max}  # the largest over ranks, not the mean
+        if "rollout/logprob_mismatch_max" in metrics:
+            maxima["rollout/logprob_mismatch_max"] = metrics.pop("rollout/logprob_mismatch_max")
         self.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=distributed)  # means over ranks
-        self.log("train/ratio_max", ratio_max, on_step=True, on_epoch=False, sync_dist=distributed, reduce_fx="max")
+        self.log_dict(maxima, on_step=True, on_epoch=False, sync_dist=distributed, reduce_fx="max")
         self.log("step", float(self.iteration), on_step=True, on_epoch=False)  # x-axis: RL iterations
         self.log("reward", metrics["train/reward"], prog_bar=True, on_step=True, on_epoch=False, logger=False)
         if "exact_match" in self.latest_eval:
