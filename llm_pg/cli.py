@@ -25,7 +25,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from llm_pg.callbacks import IterationCheckpoint, IterationProgressBar
+from llm_pg.callbacks import IterationCheckpoint, progress_bar
 from llm_pg.callbacks.checkpoint import VerifiedCheckpointIO, newest_verified, read_header, verify
 from llm_pg.console import COMMANDS, HELP, silence_known_noise
 from llm_pg.data.datamodule import PromptGroupDataModule
@@ -191,7 +191,7 @@ class LLMPGCLI(LightningCLI):
         if not config.trainer.get("plugins"):
             kwargs["plugins"] = [VerifiedCheckpointIO()]
         if config.trainer.get("enable_progress_bar") is not False:
-            kwargs["callbacks"] = [*(config.trainer.get("callbacks") or []), IterationProgressBar()]
+            kwargs["callbacks"] = [*(config.trainer.get("callbacks") or []), progress_bar()]
         checkpoint = config.get("checkpoint")
         if isinstance(checkpoint, IterationCheckpoint):
             checkpoint.run_config = self.session.run_config

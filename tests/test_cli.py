@@ -218,10 +218,11 @@ def test_validate_reports_the_baseline(tmp_path, random_model_dir):
     assert Path(cli.trainer.default_root_dir).name == "tiny_format_copy_grpo"
 
 
-def test_progress_bar_counts_iterations_and_shows_reward_and_eval_em(tmp_path, random_model_dir):
+def test_progress_bar_counts_iterations_and_shows_reward_and_eval_em(tmp_path, random_model_dir, monkeypatch):
     """Two iterations, then a resume to four with the bar on: it counts 4/4, not `Epoch 0/-2 ... 2/--`."""
     from llm_pg.callbacks.progress import IterationProgressBar
 
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # a terminal, as rich tells one
     fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", "--model.init_args.eval_every=2")
     resume = ("--ckpt_path=last", "--model.init_args.iterations=4", "--trainer.enable_progress_bar=true")
     cli = fit(tmp_path, random_model_dir, "--model.init_args.eval_every=2", *resume)
@@ -267,3 +268,26 @@ def test_csv_logger_does_not_warn_on_a_fresh_run_dir_and_other_warnings_still_sh
         ResumableCSVLogger(str(tmp_path)).experiment.log_metrics({"train/reward": 1.3}, step=1)
         warnings.warn("a warning of the run's own", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["a warning of the run's own"]
+
+
+def test_outside_a_terminal_progress_is_plain_lines(tmp_path, random_model_dir, monkeypatch, capsys):
+    """Where stdout is no terminal (Modal's logs, CI) a rich bar draws once, at the end: plain lines instead, at
+    most one per interval and one after the last iteration, counting from the checkpoint's iteration after a resume."""
+    import llm_pg.callbacks.progress as progress
+
+    monkeypatch.setenv("TTY_COMPATIBLE", "0")
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 3600.0)  # an hour: only the last iteration's line
+    bar = "--trainer.enable_progress_bar=true"
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=3", "--model.init_args.eval_every=2", bar)
+    first = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iteration ")]
+    assert [line.split()[1:3] for line in first] == [["3/3", "(100%)"]]
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # a line after every iteration
+    resume = ("--ckpt_path=last", "--model.init_args.iterations=5", bar)
+    cli = fit(tmp_path, random_model_dir, "--model.init_args.eval_every=2", *resume)
+    assert isinstance(cli.trainer.progress_bar_callback, progress.IterationLines)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iteration ")]
+    assert [line.split()[1:3] for line in lines] == [["4/5", "(80%)"], ["5/5", "(100%)"]]  # the resumed attempt
+    assert "s/it" in lines[1] and "ETA 0:00:00" in lines[1]
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        rewards = [float(r["train/reward"]) for r in csv.DictReader(f) if r["train/reward"]]
+    assert len(rewards) == 5 and f"reward {rewards[-1]:.3f}" in lines[1] and "eval_em " in lines[1]

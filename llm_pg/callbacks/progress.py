@@ -1,9 +1,25 @@
-"""The progress bar of `llm-pg fit`: RL iterations done of `model.iterations`, elapsed, ETA, reward and eval EM."""
+"""The progress of `llm-pg fit`: RL iterations done of `model.iterations`, elapsed, ETA, reward and eval EM.
+
+In a terminal a rich bar (`IterationProgressBar`); where stdout is not a terminal (Modal's logs, CI, `| tee`: a bar
+would be drawn once, at the end), plain lines (`IterationLines`), one at most every `LINE_EVERY_S` seconds.
+`progress_bar()` picks the one that fits.
+"""
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import lightning as L
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+from rich.console import Console
+
+LINE_EVERY_S = 30.0  # seconds between two progress lines outside a terminal
+
+
+def progress_bar() -> ProgressBar:
+    """The rich bar when stdout is a terminal (rich's test: it honours FORCE_TERMINAL / TTY_COMPATIBLE), else lines."""
+    return IterationProgressBar() if Console().is_terminal else IterationLines()
 
 
 class IterationProgressBar(RichProgressBar):
@@ -46,3 +62,47 @@ class IterationProgressBar(RichProgressBar):
         metrics = super().get_metrics(trainer, module)
         metrics.pop("v_num", None)  # the W&B run id's tail: says nothing while training
         return metrics
+
+
+class IterationLines(ProgressBar):
+    """Progress as plain lines, for logs that are not a terminal: after an iteration when `every_s` seconds have
+    passed since the last line, and after the last iteration:
+
+        iteration 12/501 (2%)  41.2 s/it  elapsed 0:08:14  ETA 5:35:50  reward 0.612  eval_em 0.402
+
+    s/it and the ETA count the iterations of this attempt only (a resumed run starts at its checkpoint). Only rank
+    zero prints (Lightning disables the progress bar of the other ranks).
+    """
+
+    def __init__(self, every_s: float | None = None) -> None:
+        super().__init__()
+        self.every_s = LINE_EVERY_S if every_s is None else every_s
+        self.enabled = True
+        self._start, self._last, self._first = 0.0, 0.0, 0
+
+    def disable(self) -> None:
+        self.enabled = False
+
+    def enable(self) -> None:
+        self.enabled = True
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self._start = self._last = time.monotonic()
+        self._first = module.iteration
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        now, total = time.monotonic(), module.hparams.iterations
+        done = min(module.iteration, total)
+        if not self.enabled or (now - self._last < self.every_s and done < total):
+            return
+        self._last = now
+        per_iteration = (now - self._start) / max(done - self._first, 1)
+        shown = {k: v for k, v in self.get_metrics(trainer, module).items() if k != "v_num"}
+        values = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
+        line = f"iteration {done}/{total} ({100 * done // max(total, 1)}%)  {per_iteration:.2f} s/it  "
+        line += f"elapsed {_clock(now - self._start)}  ETA {_clock(per_iteration * (total - done))}  {values}"
+        print(line.rstrip(), flush=True)
+
+
+def _clock(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))
