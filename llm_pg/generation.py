@@ -135,12 +135,15 @@ def generate(
 
 def prompt_cache(model: PreTrainedModel, encoded: dict[str, Tensor], num_samples: int):
     """The KV cache of every prompt but its last token, computed once per prompt and repeated `num_samples` times
-    (rows group-contiguous, as `generate` lays them out); None when there is nothing to share or the model keeps
-    no cache. `generate` then runs only each row's last prompt token before sampling, at the position the
+    (rows group-contiguous, as `generate` lays them out); None when there is nothing to share, the model keeps no
+    cache, or its generation config names a cache implementation (transformers refuses a cache passed beside one).
+    `generate` then runs only each row's last prompt token before sampling, at the position the
     attention mask gives it, so every row decodes as it would after a prefill of its own."""
     ids, mask = encoded["input_ids"], encoded["attention_mask"]  # [B, P]
     if num_samples < 2 or ids.shape[1] < 2:
         return None
+    if getattr(model.generation_config, "cache_implementation", None) is not None:
+        return None  # the checkpoint asks for a cache of its own (static, hybrid, ...), which generate() builds
     device = next(model.parameters()).device
     ids, mask = ids[:, :-1].to(device), mask[:, :-1].to(device)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # real tokens numbered from 0, as generate() numbers them

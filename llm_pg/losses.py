@@ -141,6 +141,16 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return total / count.clamp(min=1.0)
 
 
+def micro_batch_mean(x: Tensor, mask: Tensor, split_tokens: Tensor | None = None) -> Tensor:
+    """The token mean of `x` `[B, C]` over a micro-batch: `masked_mean(x, mask)`; or, with `split_tokens` `[B]` (the
+    completion tokens of the micro-batch each row belongs to in the update's split), `sum_i sum_t m_it x_it /
+    split_tokens_i`. Summed over every row of a pass, the second gives the sum of the split's micro-batch means,
+    whichever rows run through the model together (`llm_pg.modules.update.grouped_passes`)."""
+    if split_tokens is None:
+        return masked_mean(x, mask)
+    return ((x * mask.to(x.dtype)).sum(1) / split_tokens.to(x.dtype).clamp(min=1.0)).sum()
+
+
 def advantages(rewards: Tensor, group_size: int, estimator: str = "grpo", eps: float = 1e-6) -> Tensor:
     """Per-completion advantages `[N]` from rewards `[N]` (contiguous groups of `group_size`).
 
@@ -197,8 +207,10 @@ def _kl_term(
     kl_coef: float,
     aggregation: str = "seq_mean_token_mean",
     num_tokens: float | Tensor | None = None,
+    split_tokens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """`(kl_coef * tokmean(approx_kl), tokmean(approx_kl))`, zeros without a reference.
+    """`(kl_coef * tokmean(approx_kl), tokmean(approx_kl))`, zeros without a reference; `tokmean` is the
+    micro-batch's token mean (`micro_batch_mean`, with `split_tokens` when the update regroups the rows).
 
     Under `token_mean` the penalty term is `kl_coef * sum(approx_kl) / num_tokens` instead, so that the whole
     step's loss is one mean over its tokens; the returned statistic stays the micro-batch's token mean.
@@ -207,7 +219,7 @@ def _kl_term(
         zero = logp.new_zeros(())
         return zero, zero
     per_token = approx_kl(logp, ref_logp)
-    kl = masked_mean(per_token, mask)
+    kl = micro_batch_mean(per_token, mask, split_tokens)
     if aggregation == "token_mean":
         return kl_coef * aggregate(per_token, mask, "token_mean", num_tokens=num_tokens), kl
     return kl_coef * kl, kl
@@ -222,6 +234,7 @@ def reinforce_loss(
     aggregation: str = "seq_mean_token_mean",
     max_new_tokens: int | None = None,
     num_tokens: float | Tensor | None = None,
+    split_tokens: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GR-REINFORCE: `loss = -aggregate(A_i * logp_it) + kl_coef * tokmean(approx_kl)`.
 
@@ -234,6 +247,7 @@ def reinforce_loss(
         advantages: `[B]`.
         ref_logp: `[B, C]` log pi_ref, or None for no KL term.
         aggregation, max_new_tokens, num_tokens: see `aggregate`.
+        split_tokens: `[B]`, see `micro_batch_mean` (None: this micro-batch's token means).
 
     Returns:
         The scalar loss and detached stats `policy_loss`, `kl`.
@@ -242,7 +256,7 @@ def reinforce_loss(
         policy_loss = -(advantages * masked_mean(logp, mask, dim=1)).mean()
     else:
         policy_loss = -aggregate(advantages.unsqueeze(1) * logp, mask, aggregation, max_new_tokens, num_tokens)
-    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens)
+    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
     return policy_loss + kl_loss, {"policy_loss": policy_loss.detach(), "kl": kl.detach()}
 
 
@@ -259,6 +273,7 @@ def grpo_loss(
     aggregation: str = "seq_mean_token_mean",
     max_new_tokens: int | None = None,
     num_tokens: float | Tensor | None = None,
+    split_tokens: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO's clipped surrogate:
 
@@ -272,6 +287,7 @@ def grpo_loss(
         logp, old_logp: `[B, C]` log-probs under the current and the sampling policy.
         mask: `[B, C]`; advantages: `[B]`; ref_logp: `[B, C]` or None.
         aggregation, max_new_tokens, num_tokens: see `aggregate`.
+        split_tokens: `[B]`, see `micro_batch_mean` (None: this micro-batch's token means).
 
     Returns:
         The scalar loss and detached stats `policy_loss`, `kl`, `clip_fraction` (share of completion
@@ -287,14 +303,14 @@ def grpo_loss(
     adv = advantages.unsqueeze(1)  # [B, 1]
     surrogate = torch.minimum(rho * adv, rho.clamp(1.0 - clip_eps, 1.0 + high) * adv)
     policy_loss = -aggregate(surrogate, mask, aggregation, max_new_tokens, num_tokens)
-    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens)
+    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
     clipped = ((rho > 1.0 + high) & (adv > 0)) | ((rho < 1.0 - clip_eps) & (adv < 0))
     rho_kept = rho.detach()[mask]
     stats = {
         "policy_loss": policy_loss.detach(),
         "kl": kl.detach(),
-        "clip_fraction": masked_mean(clipped.float(), mask),
+        "clip_fraction": micro_batch_mean(clipped.float(), mask, split_tokens),
         "ratio_max": rho_kept.max() if rho_kept.numel() else rho.new_ones(()),
-        "ratio_mean": masked_mean(rho.detach(), mask),
+        "ratio_mean": micro_batch_mean(rho.detach(), mask, split_tokens),
     }
     return policy_loss + kl_loss, stats

@@ -38,6 +38,9 @@ class RolloutBatch:
     # [N, C] float32, the rollout engine's own log-prob of each sampled token (vLLM; None with HF), 0 on padding:
     # compared with the trainer's pi_old for `rollout/logprob_mismatch_*`, never used in the loss
     sampled_logp: Tensor | None = None
+    # [N] float32, set by the update when its forwards group the rows otherwise than its micro-batches: the completion
+    # tokens of each row's micro-batch, over which the loss's token means are taken (`losses.micro_batch_mean`)
+    split_tokens: Tensor | None = None
     prompt_len: int = 0  # P
     texts: list[str] = field(default_factory=list)  # [N] decoded completions
     prompt_index: list[int] = field(default_factory=list)  # [N] which prompt of the batch each row answers

@@ -62,6 +62,22 @@ SMALL = [  # 2 prompts x 4 completions, 2 micro-batches of 2 per step, short com
 ]
 
 
+@pytest.fixture(scope="session")
+def eos_model_dir(random_model_dir, tmp_path_factory) -> str:
+    """The random model with its EOS logits raised (P(EOS) about 0.2 per token), so completion lengths vary."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        hidden = model.model(input_ids=torch.randint(0, 250, (8, 20))).last_hidden_state.mean((0, 1))  # [H]
+        model.lm_head.weight[model.generation_config.eos_token_id] += 2.0 * hidden / hidden.norm() ** 2
+    out = tmp_path_factory.mktemp("eos-tiny")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(random_model_dir).save_pretrained(out)
+    return str(out)
+
+
 def fit(tmp_path: Path, model_dir: str, *overrides: str, config: str = "configs/tiny/format_copy_grpo.yaml"):
     """Run `llm-pg fit` in-process on `model_dir` with small settings; returns the LightningCLI object."""
     from llm_pg.cli import run_cli

@@ -4,6 +4,8 @@ The logits and gradients equal the plain forward's (float rounding apart), fewer
 stays off wherever it would not be exact: gradient checkpointing or dropout in a forward that builds a graph.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -147,33 +149,105 @@ def test_sharing_stays_off_where_it_would_not_be_exact_or_would_not_pay(random_m
     assert shares_prefix(model, rollout, enabled=True) is not None  # eval mode: dropout is off
 
 
+def _train_rows(run) -> list[dict]:
+    import csv
+
+    with open(run / "metrics.csv") as f:
+        rows = [{k: float(v) for k, v in r.items() if v} for r in csv.DictReader(f)]
+    return sorted((r for r in rows if "train/kl" in r), key=lambda r: r["step"])
+
+
 class _Module:
-    def __init__(self, share: bool, minibatch_size: int) -> None:
-        self.hparams = type("H", (), {"share_prompt_prefix": share, "minibatch_size": minibatch_size})()
+    def __init__(
+        self, share: bool, minibatch_size: int, kl_coef: float = 0.0, aggregation: str = "seq_mean_token_mean"
+    ):
+        self.hparams = SimpleNamespace(
+            share_prompt_prefix=share, minibatch_size=minibatch_size, kl_coef=kl_coef, loss_aggregation=aggregation
+        )
 
 
-def test_micro_batches_keep_prompt_groups_only_when_a_pass_is_one_step_over_equal_micro_batches():
+def test_forwards_take_whole_groups_only_where_a_pass_is_one_step_over_equal_micro_batches():
     assert update.grouped_passes(_Module(True, 8), rows=48, steps=1)
-    assert not update.grouped_passes(_Module(False, 8), rows=48, steps=1)  # sharing off: shuffled as before
+    assert update.grouped_passes(_Module(True, 8, kl_coef=0.05), rows=48, steps=1)
+    assert not update.grouped_passes(_Module(False, 8), rows=48, steps=1)  # sharing off: by micro-batch, as before
     assert not update.grouped_passes(_Module(True, 8), rows=48, steps=2)  # several steps: order changes the update
     assert not update.grouped_passes(_Module(True, 8), rows=44, steps=1)  # a short micro-batch weighs its rows more
 
 
-def test_a_run_with_sharing_trains_like_one_without(tmp_path, random_model_dir):
-    # 8 rows per iteration (2 prompts x 4), micro-batches of 2 x accumulation 4: one step per pass, so with sharing
-    # the micro-batches hold whole groups (unshuffled) and each runs its prompt once; without, they are shuffled.
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"])
+def test_grouped_forwards_with_split_token_counts_make_the_shuffled_splits_step(aggregation):
+    # 8 rows of unequal lengths, micro-batches of 2, one step, KL on: the step (gradient, and the summed token-mean
+    # statistics) of the shuffled split equals that of forwards over rows in rollout order once each row's token
+    # means divide by its own micro-batch's tokens (split_tokens). Without split_tokens the KL mean of the
+    # forward's rows weighs them otherwise, and the step differs.
+    from llm_pg.losses import grpo_loss
+
+    torch.manual_seed(0)
+    logp = (torch.randn(8, 6) - 2).requires_grad_()
+    ref, old = logp.detach() + 0.3 * torch.randn(8, 6), logp.detach() + 0.4 * torch.randn(8, 6)  # some ratios clip
+    mask = torch.arange(6) < torch.tensor([6, 2, 5, 3, 6, 1, 4, 2]).unsqueeze(1)  # [8, 6]
+    advantages = torch.randn(8)
+    shuffled = [torch.tensor(rows) for rows in ([5, 0], [3, 6], [1, 7], [2, 4])]
+    in_order = [torch.tensor(rows) for rows in ([0, 1], [2, 3], [4, 5], [6, 7])]
+
+    def step(forwards: list[torch.Tensor], split_tokens: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        logp.grad, totals = None, {}
+        for rows in forwards:
+            loss, stats = grpo_loss(
+                logp[rows], old[rows], mask[rows], advantages[rows], ref[rows], kl_coef=0.05, aggregation=aggregation,
+                max_new_tokens=6, num_tokens=float(mask.sum()),
+                split_tokens=None if split_tokens is None else split_tokens[rows],
+            )  # fmt: skip
+            (loss if aggregation == "token_mean" else loss / 4).backward()
+            for key in ("kl", "clip_fraction", "ratio_mean", "policy_loss"):
+                totals[key] = totals.get(key, 0.0) + float(stats[key])
+        return logp.grad.clone(), totals
+
+    reference, reference_stats = step(shuffled, None)
+    grouped, grouped_stats = step(in_order, update.split_token_counts(mask, shuffled))
+    torch.testing.assert_close(grouped, reference)
+    assert grouped_stats == pytest.approx(reference_stats, rel=1e-6)
+    assert reference_stats["kl"] > 1e-3 and reference_stats["clip_fraction"] > 0  # statistics that mean something
+    naive, _ = step(in_order, None)
+    if aggregation != "token_mean":  # token_mean's KL divides by the step's tokens: no split to get wrong
+        assert (naive - reference).abs().max() > 1e-4
+
+
+def test_a_run_with_sharing_trains_like_one_without(tmp_path, eos_model_dir, monkeypatch):
+    # 8 rows per iteration (2 prompts x 4) of varied lengths (the model ends about one token in five), micro-batches
+    # of 2 x accumulation 4: one step per pass, KL 0.05 (its gradient non-zero from the second iteration). With
+    # sharing the forwards take whole groups (each prompt run once) and the loss weighs rows by their shuffled
+    # micro-batch; without, the forwards are the shuffled micro-batches. Without that weighing this test fails.
     from conftest import fit
 
-    common = ["--model.init_args.iterations=2", "--model.init_args.grad_accum_steps=4"]
-    common += ["--data.task=test_variants.VariedTask", "--data.task.init_args.eval_size=4"]
-    runs = {share: fit(tmp_path / share, random_model_dir, *common, f"--model.init_args.share_prompt_prefix={share}")
+    from llm_pg.modules import GRPOModule
+
+    groups: dict[str, list[set[int]]] = {"true": [], "false": []}
+    original = GRPOModule.loss
+
+    def recording(self, logp, rollout, num_tokens=None):
+        groups["true" if self.hparams.share_prompt_prefix else "false"].append(set(rollout.prompt_index))
+        return original(self, logp, rollout, num_tokens)
+
+    monkeypatch.setattr(GRPOModule, "loss", recording)
+    common = ["--model.init_args.iterations=3", "--model.init_args.grad_accum_steps=4"]
+    common += ["--model.init_args.kl_coef=0.05", "--data.task=test_variants.VariedTask"]
+    common += ["--data.task.init_args.eval_size=4"]
+    runs = {share: fit(tmp_path / share, eos_model_dir, *common, f"--model.init_args.share_prompt_prefix={share}")
             for share in ("true", "false")}  # fmt: skip
+    assert len(groups["true"]) == 3 * 2 * 4 and all(len(g) == 1 for g in groups["true"])  # one prompt each
+    assert any(len(g) == 2 for g in groups["false"])  # shuffled: some micro-batch mixes the two prompts
     weights = {share: dict(cli.model.policy.named_parameters()) for share, cli in runs.items()}
-    start = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
+    start = AutoModelForCausalLM.from_pretrained(eos_model_dir, dtype=torch.float32)
     moved = max(float((weights["true"][n] - p).abs().max()) for n, p in start.named_parameters())
-    assert moved > 1e-4  # two iterations of updates happened
+    assert moved > 1e-4  # three iterations of updates happened
     for name, value in weights["true"].items():
         torch.testing.assert_close(value, weights["false"][name], rtol=1e-4, atol=1e-6)
+    logged = {share: _train_rows(tmp_path / share / "run") for share in runs}
+    assert logged["true"][-1]["train/kl"] > 1e-4  # the KL term was at work
+    for with_sharing, without in zip(logged["true"], logged["false"], strict=True):
+        for key in ("train/loss", "train/kl", "train/clip_fraction", "train/ratio_mean", "train/entropy"):
+            assert with_sharing[key] == pytest.approx(without[key], rel=1e-4, abs=1e-7), key
 
 
 @pytest.mark.parametrize("greedy", [False, True])
@@ -193,3 +267,19 @@ def test_generation_prefills_each_prompt_once_and_samples_the_same_tokens(model_
     prompt = plain.prompt_ids.shape[1]
     assert prefill_plain == 3 * GROUP * prompt
     assert positions[:2] == [3 * (prompt - 1), 3 * GROUP]  # prompts once without their last token, then each row's
+
+
+def test_a_checkpoint_that_names_its_cache_samples_without_sharing(random_model_dir):
+    # transformers refuses a cache passed to generate() beside a `cache_implementation` (Gemma 3 ships "hybrid"):
+    # such a model prefills every row itself, and sampling still works.
+    from llm_pg.generation import generate
+    from llm_pg.models import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
+    model.generation_config.cache_implementation = "static"
+    tokenizer = load_tokenizer(random_model_dir)
+    conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
+    positions = count_positions(model)
+    out = generate(model, tokenizer, conversations, num_samples=GROUP, max_new_tokens=4, seed=1)
+    assert out.completion_ids.shape == (3 * GROUP, 4)
+    assert positions[0] == 3 * GROUP * out.prompt_ids.shape[1]  # one prefill of every row: nothing shared

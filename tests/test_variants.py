@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import fit
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 import llm_pg.modules.update as update
 from llm_pg.callbacks.rollout import apply_variants
@@ -47,20 +47,6 @@ class VariedTask(Task):
     def score(self, completion: str, example: Example) -> Score:
         value = 1.3 if example.answer == "settled" else _reward(completion)
         return Score(total=value, correct=value > 0.5, components={"value": value})
-
-
-@pytest.fixture(scope="module")
-def eos_model_dir(random_model_dir, tmp_path_factory) -> str:
-    """The random model with its EOS logits raised (P(EOS) about 0.2 per token), so completion lengths vary."""
-    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        hidden = model.model(input_ids=torch.randint(0, 250, (8, 20))).last_hidden_state.mean((0, 1))  # [H]
-        model.lm_head.weight[model.generation_config.eos_token_id] += 2.0 * hidden / hidden.norm() ** 2
-    out = tmp_path_factory.mktemp("eos-tiny")
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(random_model_dir).save_pretrained(out)
-    return str(out)
 
 
 def _rows(run_dir) -> list[dict]:

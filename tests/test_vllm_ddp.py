@@ -131,7 +131,7 @@ def test_ddp_one_vllm_engine_per_rank(tmp_path):
     assert (run / "COMPLETE").exists()
     assert [(run / f"engine_rank{r}.txt").read_text() for r in (0, 1)] == ["VLLMEngine", "VLLMEngine"]
 
-    # The run's own health figure, logged every iteration (the mean over ranks of each rank's max).
+    # The run's own health figure, logged every iteration (the largest over the ranks).
     rows = _train_rows(run)
     assert [r["step"] for r in rows] == list(range(1, ITERATIONS + 1))
     assert max(r["rollout/logprob_mismatch_max"] for r in rows) < 1e-4

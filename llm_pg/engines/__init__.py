@@ -51,10 +51,10 @@ def build_engine(module) -> HFEngine | VLLMEngine:
         )
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     if world > 1:
-        from lightning.pytorch.strategies import DDPStrategy
+        from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 
         strategy = module.trainer.strategy
-        if not isinstance(strategy, DDPStrategy):
+        if not isinstance(strategy, DDPStrategy) or isinstance(strategy, DeepSpeedStrategy):  # DeepSpeed shards too
             # A sharded policy (FSDP2) has no full weights on any rank to push; other strategies are untested.
             raise ValueError(
                 f"model.rollout_engine=vllm with trainer.strategy {type(strategy).__name__}: several ranks sample "
@@ -70,7 +70,7 @@ def build_engine(module) -> HFEngine | VLLMEngine:
         max_model_len=hp.max_prompt_tokens + longest_new if hp.max_prompt_tokens is not None else None,
         gpu_memory_utilization=hp.vllm_gpu_memory_utilization,
         kv_cache_memory_bytes=hp.vllm_kv_cache_memory_bytes,
-        seed=hp.seed + module.global_rank,  # unseeded requests differ by rank (vLLM wants a seed below 2**32)
+        seed=(hp.seed + module.global_rank) % 2**32,  # unseeded requests differ by rank; vLLM wants < 2**32
         logprobs_mode=vllm_logprobs_mode(hp.logprob_temperature, hp.temperature),
         eos_token_ids=eos_token_ids(module.policy, module.tokenizer),
         enforce_eager=module.device.type == "cpu",

@@ -92,4 +92,5 @@ class GRPOModule(PolicyGradientModule):
             aggregation=hp.loss_aggregation,
             max_new_tokens=hp.max_new_tokens,
             num_tokens=num_tokens,
+            split_tokens=rollout.split_tokens,
         )

@@ -62,4 +62,5 @@ class ReinforceModule(PolicyGradientModule):
             aggregation=hp.loss_aggregation,
             max_new_tokens=hp.max_new_tokens,
             num_tokens=num_tokens,
+            split_tokens=rollout.split_tokens,
         )

@@ -2,11 +2,10 @@
 clipped optimizer steps. `PolicyGradientModule.training_step` calls `run_update`; the loss is the module's.
 
 Per pass the rows are shuffled (seeded generator), cut into micro-batches of `minibatch_size` rows, and every
-`grad_accum_steps` micro-batches make one optimizer step. When a pass is a single optimizer step over equal
-micro-batches, the shuffle cannot change the step, and the rows keep their rollout order instead
-(`grouped_passes`), so that a micro-batch holds whole prompt groups and runs each prompt once. Each micro-batch
-is trimmed to its longest completion first (`RolloutBatch.trimmed`): the columns cut are padding, masked
-everywhere, so the loss is unchanged.
+`grad_accum_steps` micro-batches make one optimizer step. When a pass is one step over equal micro-batches, the
+forwards take whole prompt groups instead (each prompt run once) and the loss weighs every row as its micro-batch
+of the shuffled split would (`grouped_passes`): the same step. Each micro-batch is trimmed to its longest
+completion first (`RolloutBatch.trimmed`): the columns cut are padding, masked everywhere, so the loss is unchanged.
 
 Scaling of each micro-batch's loss before its backward:
 - `seq_mean_token_mean`, `seq_mean_token_sum_norm`: divided by the micro-batches of the step, so the step's
@@ -28,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from llm_pg.losses import masked_mean
+from llm_pg.losses import micro_batch_mean
 from llm_pg.modules.distributed import average_gradients, backward_sync_off
 from llm_pg.rollout import RolloutBatch
 from llm_pg.strategies import is_sharded
@@ -66,13 +65,27 @@ def clipped_step(module, optimizer) -> float:
 
 
 def grouped_passes(module, rows: int, steps: int) -> bool:
-    """Whether the micro-batches take the rows in rollout order (prompt groups together) instead of shuffled.
+    """Whether the forwards of a pass take the rows in rollout order (whole prompt groups, each prompt run once:
+    `llm_pg.modules.logprobs`) rather than by micro-batch of the shuffled split.
 
-    True when a pass is one optimizer step over micro-batches of equal size and prefix sharing is on: the step's
-    gradient is then the mean over the pass's rows however they are split (only the float summation order
-    changes), and micro-batches of whole groups run each prompt once (`llm_pg.modules.logprobs`).
+    When a pass is one optimizer step over micro-batches of equal size (and prefix sharing is on), the step is a
+    sum over rows whatever rows run together, once each row's token means are taken over its own micro-batch of the
+    split (`split_token_counts`, `losses.micro_batch_mean`): the policy term is a mean over rows, and the KL term
+    and the logged token means divide each row's token sum by its micro-batch's token count. The shuffled split
+    is still drawn, so the step is the course's, float rounding apart.
     """
-    return module.hparams.share_prompt_prefix and steps == 1 and rows % module.hparams.minibatch_size == 0
+    hp = module.hparams
+    return hp.share_prompt_prefix and steps == 1 and rows % hp.minibatch_size == 0
+
+
+def split_token_counts(mask: Tensor, micro: list[Tensor]) -> Tensor:
+    """`[N]`: for each row, the completion tokens of the micro-batch `micro` puts it in (`mask` `[N, C]`)."""
+    tokens = mask.sum(1).float()  # [N]
+    counts = torch.empty_like(tokens)
+    for index in micro:
+        index = index.to(mask.device)
+        counts[index] = tokens[index].sum()
+    return counts
 
 
 def _step_tokens(module, rollout: RolloutBatch, group: list[Tensor]) -> float:
@@ -100,10 +113,15 @@ def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple
         )
     totals: dict[str, float] = {}
     ratio_max, grad_norms, micro_count = 0.0, [], 0
-    in_order = grouped_passes(module, len(rollout), steps)
+    grouped = grouped_passes(module, len(rollout), steps)
     for epoch in range(module.epochs):
-        order = torch.arange(len(rollout)) if in_order else torch.randperm(len(rollout), generator=shuffle)
+        order = torch.randperm(len(rollout), generator=shuffle)  # the split: which rows share a micro-batch
         micro = [order[start : start + hp.minibatch_size] for start in range(0, len(rollout), hp.minibatch_size)]
+        if grouped:  # the same step, computed over forwards of whole prompt groups
+            rollout.split_tokens = split_token_counts(rollout.completion_mask, micro)
+            micro = [
+                torch.arange(start, start + hp.minibatch_size) for start in range(0, len(rollout), hp.minibatch_size)
+            ]
         for step in range(steps):
             group = micro[step * hp.grad_accum_steps : (step + 1) * hp.grad_accum_steps]
             num_tokens = _step_tokens(module, rollout, group) if token_mean else None
@@ -117,7 +135,8 @@ def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple
                 with backward_sync_off(module.trainer):  # gradients are averaged once, per step
                     # Default: divide by the micro-batches actually accumulated, so a short last group is a mean too.
                     module.manual_backward(loss * world if token_mean else loss / len(group))
-                stats = {"loss": loss.detach(), "entropy": masked_mean(entropy, part.completion_mask), **stats}
+                entropy = micro_batch_mean(entropy, part.completion_mask, part.split_tokens)
+                stats = {"loss": loss.detach(), "entropy": entropy, **stats}
                 if token_mean:  # log the step's objective, not this micro-batch's (or this rank's) share of it
                     share = len(group) * world  # sync_dist averages over ranks: undo the per-rank token share too
                     stats["loss"], stats["policy_loss"] = stats["loss"] * share, stats["policy_loss"] * share
