@@ -284,3 +284,76 @@ def test_each_iteration_is_saved_before_the_next_rollout_starts(tmp_path, random
     )
     fit(tmp_path, random_model_dir, "--model.init_args.iterations=3", "--checkpoint.every_n_iterations=10", *DIGITS)
     assert events == ["rollout", "save 1", "rollout", "save 2", "rollout", "save 3"]  # last.ckpt every iteration
+
+
+class Crash(L.Callback):
+    """Raises (as an out-of-memory error or a lost machine would stop the run) in the rollout after iteration `at`,
+    when that iteration's rows are flushed to metrics.csv."""
+
+    def __init__(self, at: int = 3) -> None:
+        self.at = at
+
+    def on_train_batch_start(self, trainer, module, *args) -> None:
+        if module.iteration == self.at:
+            raise RuntimeError("simulated crash")
+
+
+def test_last_ckpt_every_n_iterations_flushes_every_iteration_and_saves_on_signals(
+    tmp_path, random_model_dir, monkeypatch
+):
+    # last.ckpt every 2 iterations (a checkpoint too large to write every iteration): saved after 2, 4 and the
+    # last (5); metrics.csv holds every finished iteration's row before the next rollout all the same.
+    from llm_pg.callbacks import checkpoint as ckpt
+    from llm_pg.callbacks.rollout import RolloutCallback
+
+    events = []
+    run = tmp_path / "run"
+
+    def rollout(*args):
+        flushed = len([r for r in rows(run) if "train/loss" in r]) if (run / "metrics.csv").exists() else 0
+        events.append(f"rollout ({flushed} rows)")
+        return original_rollout(*args)
+
+    original_rollout, save = RolloutCallback.on_train_batch_start, ckpt.atomic_save
+    monkeypatch.setattr(RolloutCallback, "on_train_batch_start", rollout)
+    monkeypatch.setattr(
+        ckpt, "atomic_save", lambda c, p: events.append(f"save {c['llm_pg']['iteration']}") or save(c, p)
+    )
+    cadence = ["--checkpoint.every_n_iterations=10", "--checkpoint.last_every_n_iterations=2", *DIGITS]
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=5", *cadence)
+    assert events == [
+        "rollout (0 rows)", "rollout (1 rows)", "save 2", "rollout (2 rows)", "rollout (3 rows)", "save 4",
+        "rollout (4 rows)", "save 5",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "crash"])
+def test_a_sparse_last_ckpt_resumes_into_the_uninterrupted_run(tmp_path, random_model_dir, stop):
+    # last.ckpt every 2 iterations, stopped after iteration 3: SIGTERM still saves iteration 3; a crash leaves
+    # iteration 2's checkpoint, and the resume drops iteration 3's logged rows and trains it again. Either way the
+    # run ends as one never stopped: the same weights, each iteration's row once, in order.
+    common = ["--model.init_args.iterations=4", "--checkpoint.last_every_n_iterations=2", *DIGITS]
+    straight = fit(tmp_path / "straight", random_model_dir, *common).model
+    callback = "test_run_safety.SendSignal" if stop == "sigterm" else "test_run_safety.Crash"
+    stopper = f"--trainer.callbacks+={{'class_path': '{callback}', 'init_args': {{'at': 3}}}}"
+    with pytest.raises(RunInterrupted if stop == "sigterm" else RuntimeError):
+        fit(tmp_path / "b", random_model_dir, *common, stopper)
+    run = tmp_path / "b" / "run"
+    assert read_header(run / "checkpoints" / "last.ckpt")[0] == (3 if stop == "sigterm" else 2)
+    if stop == "crash":
+        assert [float(r["step"]) for r in rows(run) if "train/loss" in r] == [1, 2, 3]  # 3 flushed, not saved
+    resumed = fit(tmp_path / "b", random_model_dir, *common, "--ckpt_path=last").model
+    assert resumed.iteration == 4 and is_complete(run)
+    for name, weight in straight.policy.state_dict().items():
+        assert torch.equal(weight, resumed.policy.state_dict()[name]), name
+    assert rows(run) == rows(tmp_path / "straight" / "run")
+    assert generations(run) == generations(tmp_path / "straight" / "run")
+
+
+def test_a_last_ckpt_cadence_below_one_is_refused_in_one_line():
+    from llm_pg.callbacks.checkpoint import IterationCheckpoint
+
+    with pytest.raises(
+        ValueError, match=r"^checkpoint\.last_every_n_iterations must be >= 1, got 0; 1 \(the default\)"
+    ):
+        IterationCheckpoint(last_every_n_iterations=0)

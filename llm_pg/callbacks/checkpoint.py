@@ -190,8 +190,14 @@ class _SaveBeforeRollout(Callback):
 
 
 class IterationCheckpoint(ModelCheckpoint):
-    """Rewrites `last.ckpt` after every iteration and keeps the newest `keep_last` of the `iter_XXXXX.ckpt`
-    copies made every `every_n_iterations` iterations (and at the last one).
+    """Rewrites `last.ckpt` after every iteration (every `last_every_n_iterations`) and keeps the newest `keep_last`
+    of the `iter_XXXXX.ckpt` copies made every `every_n_iterations` iterations (and at the last one).
+
+    `last_every_n_iterations` > 1 is for checkpoints too large to write after every iteration (a 7B model's float32
+    weights and AdamW state: ~92 GB): the loggers are still flushed after every iteration, and a SIGTERM/SIGINT
+    (Modal's preemption, a Ctrl-C) and the end of training still save; only a hard kill (SIGKILL, out of memory, a
+    lost machine) loses the iterations since the last write, which the resume trains again (their logged rows are
+    dropped first, `llm_pg.runs.trim_logs`).
 
     Iteration k is saved when it is wholly logged: at the start of iteration k+1 (before its rollout), at the end
     of training, or when SIGTERM/SIGINT stop the run between iterations (Lightning's SIGTERM handling, which this
@@ -200,18 +206,31 @@ class IterationCheckpoint(ModelCheckpoint):
     CLI), which a resume compares with its own.
     """
 
-    def __init__(self, every_n_iterations: int = 10, keep_last: int = 3, dirpath: str | None = None) -> None:
+    def __init__(
+        self,
+        every_n_iterations: int = 10,
+        keep_last: int = 3,
+        dirpath: str | None = None,
+        last_every_n_iterations: int = 1,
+    ) -> None:
         if every_n_iterations < 1:
             raise ValueError(f"checkpoint.every_n_iterations must be >= 1, got {every_n_iterations}")
         if keep_last < 1:
             raise ValueError(f"checkpoint.keep_last must be >= 1 (iter_*.ckpt files kept), got {keep_last}")
+        if last_every_n_iterations < 1:
+            raise ValueError(
+                f"checkpoint.last_every_n_iterations must be >= 1, got {last_every_n_iterations}; 1 (the default) "
+                "writes last.ckpt after every iteration"
+            )
         super().__init__(dirpath=dirpath, save_last=False, save_top_k=-1, enable_version_counter=False)
         self.every_n_iterations, self.keep_last = every_n_iterations, keep_last
+        self.last_every_n_iterations = last_every_n_iterations
         self.run_config: dict[str, Any] | None = None
         self.received_signal: int | None = None
         self.saved_iteration: int | None = None
         self.save_seconds: list[float] = []
-        self._pending = False
+        self._pending = False  # an iteration is logged but its rows are not flushed (nor saved) yet
+        self._unsaved = False  # an iteration is done that last.ckpt does not hold yet
         self._handlers: dict[int, Any] = {}
         # Lightning runs checkpoint callbacks last; the CLI puts this one first in the trainer's callbacks.
         self.save_before_rollout = _SaveBeforeRollout(self)
@@ -225,21 +244,28 @@ class IterationCheckpoint(ModelCheckpoint):
         self._install_signal_handlers()
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args) -> None:
-        self._pending = True  # the iteration's metrics are logged after this hook: save once they are
+        self._pending = self._unsaved = True  # the iteration's metrics are logged after this hook: save once they are
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, *args) -> None:
-        if self._pending:
+        if not self._pending:
+            return
+        iteration = module.iteration
+        if iteration % self.last_every_n_iterations == 0 or iteration % self.every_n_iterations == 0:
             self.save(trainer, module)
+        else:  # not due: the iteration's rows reach metrics.csv all the same
+            for logger in trainer.loggers:
+                logger.save()
+            self._pending = False
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        if self._pending:
+        if self._unsaved:
             self.save(trainer, module)
         self._restore_signal_handlers()
 
     def on_exception(self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException) -> None:
         # Lightning raises SIGTERMException only between iterations, so the state is whole; any other exception
         # may stop mid-iteration, and then last.ckpt (the previous iteration) is the one to keep.
-        if self._pending and isinstance(exception, SIGTERMException):
+        if self._unsaved and isinstance(exception, SIGTERMException):
             self.save(trainer, module)
         self._restore_signal_handlers()
 
@@ -263,7 +289,8 @@ class IterationCheckpoint(ModelCheckpoint):
         last = directory / LAST
         trainer.save_checkpoint(last)
         iteration = module.iteration
-        self._pending, self.saved_iteration = False, iteration
+        self._pending = self._unsaved = False
+        self.saved_iteration = iteration
         if trainer.is_global_zero:
             if iteration % self.every_n_iterations == 0 or iteration >= module.hparams.iterations:
                 copy_checkpoint(last, directory / f"iter_{iteration:05d}.ckpt")
