@@ -253,8 +253,7 @@ class IterationCheckpoint(ModelCheckpoint):
         if iteration % self.last_every_n_iterations == 0 or iteration % self.every_n_iterations == 0:
             self.save(trainer, module)
         else:  # not due: the iteration's rows reach metrics.csv all the same
-            for logger in trainer.loggers:
-                logger.save()
+            self._flush_loggers(trainer)
             self._pending = False
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
@@ -283,8 +282,7 @@ class IterationCheckpoint(ModelCheckpoint):
         """Flush the loggers (so metrics.csv holds every row up to this iteration), write `last.ckpt`, copy it to
         `iter_XXXXX.ckpt` when due and drop the oldest copies beyond `keep_last`."""
         start = time.perf_counter()
-        for logger in trainer.loggers:
-            logger.save()
+        self._flush_loggers(trainer)
         directory = Path(self.dirpath)
         last = directory / LAST
         trainer.save_checkpoint(last)
@@ -299,6 +297,11 @@ class IterationCheckpoint(ModelCheckpoint):
                     hash_path(old).unlink(missing_ok=True)
             self.last_model_path = str(last)
         self.save_seconds.append(time.perf_counter() - start)
+
+    @staticmethod
+    def _flush_loggers(trainer: L.Trainer) -> None:
+        for logger in trainer.loggers:
+            logger.save()
 
     def _install_signal_handlers(self) -> None:
         """SIGINT joins SIGTERM: both let the iteration finish, save it, and stop (exit 130 / 143 from the CLI)."""

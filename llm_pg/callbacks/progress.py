@@ -18,7 +18,7 @@ LINE_EVERY_S = 30.0  # seconds between two progress lines outside a terminal
 
 
 def progress_bar() -> ProgressBar:
-    """The rich bar when stdout is a terminal (rich's test: it honours FORCE_TERMINAL / TTY_COMPATIBLE), else lines."""
+    """The rich bar when stdout is a terminal (rich's test: TTY_COMPATIBLE and FORCE_COLOR count), else lines."""
     return IterationProgressBar() if Console().is_terminal else IterationLines()
 
 

@@ -4,8 +4,9 @@ A rollout holds `G` completions per prompt, and every row is `[prompt | completi
 prompt's tokens `G` times. With prefix sharing the distinct prompts of a batch run once, their keys and values
 are copied to every row that shares them (`Cache.reorder_cache`, an `index_select`: gradients flow back through
 it into the one prompt pass), and the completions run on top of that cache. The logits are the plain forward's up
-to float rounding (1e-5 on float32 logits), and so are the gradients; the saving is the prompt tokens of the
-duplicate rows: `(b - u) * P` of `b * (P + C)` token positions for `b` rows over `u` distinct prompts.
+to float rounding (within 1e-4 on float32 logits: tests/test_prefix_sharing.py), and so are the gradients; the
+saving is the prompt tokens of the duplicate rows: `(b - u) * P` of `b * (P + C)` token positions for `b` rows
+over `u` distinct prompts.
 
 It is used when it is exact and pays off (`shares_prefix`): at least two rows per distinct prompt on average, a
 model that is not sharded (FSDP2 would gather the weights twice), and, in a forward that builds a graph, no
