@@ -34,6 +34,7 @@ from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.run_config import class_defaults, config_changes, plain_config
 from llm_pg.runs import RunDirError, RunLock, claim, is_rank_zero, mark_complete, trim_logs
 from llm_pg.summary import finish_run
+from llm_pg.user_modules import add_config_dirs
 
 
 def _debug() -> bool:
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     if "--debug" in words:
         words.remove("--debug")
         os.environ["LLM_PG_DEBUG"] = "1"
+    add_config_dirs(words)  # modules named in a config resolve beside it (llm_pg.user_modules)
     session = RunSession(words)
     sys.argv[1:] = words  # LightningCLI reads sys.argv itself (and warns when given args that differ from it)
     try:

@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 
+class RewardError(ValueError):
+    """A reward that cannot be used (a reward function returned a non-number, say). The message names the function
+    and the value; the rollout stops the run with it in one line, with the row it was scoring."""
+
+
 @dataclass(frozen=True)
 class Score:
     """The reward of one completion: `total` is the sum of `components`; `correct` is exact match."""
