@@ -12,11 +12,18 @@ Per run, with no wrapper directory around the runs:
 `<run_name>` is the run's `--run_name` (`format_copy_grpo`, `grpo_format_copy_ablation/kl_coef0.2_seed0`), read
 from its config.yaml. Checkpoints and W&B files stay out: they are large and only resuming needs them.
 On Modal: `modal run launch.py::bundle --out FILE.zip RUN_NAME...`.
+
+A run directory is untrusted input (it may have been copied from anywhere): its config.yaml is read with
+`yaml.safe_load` (a tag such as `!!python/object` is refused, never run), and every path that goes in the zip must
+resolve inside the run directory. A symlink that leads out of it, `final/` itself included, is left out with one line
+on stderr; a link inside it is followed (once: a link loop is not walked twice).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,27 +35,68 @@ FOLDERS = ("eval", "final")  # taken whole
 
 
 def run_name(run_dir: Path) -> str:
-    """The run's `run_name` from its config.yaml, else the folder's name."""
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    """The run's `run_name` from its config.yaml, else the folder's name; ValueError (one line) when the config
+    is not a YAML mapping or the name cannot be a folder inside a zip."""
+    file = run_dir / "config.yaml"
+    if not _inside(file, run_dir.resolve()):
+        raise ValueError(f"{file}: a link out of the run directory; bundle the run it belongs to instead")
+    try:
+        config = yaml.safe_load(file.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"{file}: not a config llm-pg wrote ({reason})") from error
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: not a config llm-pg wrote (a YAML {type(config).__name__}, not a mapping)")
     name = config.get("run_name") or run_dir.name
-    if Path(name).is_absolute() or ".." in Path(name).parts:
+    if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
         raise ValueError(f"{run_dir}: run_name {name!r} cannot name a folder inside a zip")
-    return str(name)
+    return name
 
 
-def bundle_files(run_dir: Path) -> Iterator[Path]:
-    """The files of one run that go in the bundle, as paths relative to the run directory."""
+def _inside(path: Path, root: Path) -> bool:
+    """Whether `path`, every link in it resolved, lies in the (resolved) `root`."""
+    return path.resolve().is_relative_to(root)
+
+
+def bundle_files(run_dir: Path, skipped: list[str] | None = None) -> Iterator[Path]:
+    """The files of one run that go in the bundle, as paths relative to the run directory; each resolves inside
+    the run directory. What is left out for leading outside it is appended to `skipped` (paths relative to it)."""
+    root = run_dir.resolve()
+    skipped = [] if skipped is None else skipped
+
+    def allowed(path: Path) -> bool:
+        if _inside(path, root):
+            return True
+        skipped.append(path.relative_to(run_dir).as_posix())
+        return False
+
     for name in FILES:
-        if (run_dir / name).is_file():
+        if (run_dir / name).is_file() and allowed(run_dir / name):
             yield Path(name)
     for folder in FOLDERS:
-        for path in sorted((run_dir / folder).rglob("*")):
-            if path.is_file():
-                yield path.relative_to(run_dir)
+        if (run_dir / folder).is_dir() and allowed(run_dir / folder):
+            yield from _walk(run_dir, run_dir / folder, allowed, seen=set())
+
+
+def _walk(run_dir: Path, folder: Path, allowed, seen: set[Path]) -> Iterator[Path]:
+    """Files under `folder` in sorted order, descending into linked folders only when they resolve inside."""
+    real = folder.resolve()
+    if real in seen:  # a link back to a folder already walked
+        return
+    seen.add(real)
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        path = Path(entry.path)
+        if not allowed(path):
+            continue
+        if entry.is_dir():  # follows a link that `allowed` kept
+            yield from _walk(run_dir, path, allowed, seen)
+        elif entry.is_file():
+            yield path.relative_to(run_dir)
 
 
 def bundle(run_dirs: Sequence[str | Path], out: str | Path) -> list[str]:
-    """Write the zip; returns its entry names. Fails before writing on a missing config or a repeated name."""
+    """Write the zip; returns its entry names. Fails before writing on a missing or unreadable config or a repeated
+    name. Paths that lead out of a run directory are left out, one stderr line each."""
     runs: dict[str, Path] = {}
     for run_dir in map(Path, run_dirs):
         for required in ("config.yaml", "metrics.csv"):
@@ -65,10 +113,13 @@ def bundle(run_dirs: Sequence[str | Path], out: str | Path) -> list[str]:
         for name, run_dir in runs.items():
             if not (run_dir / "final").is_dir():
                 print(f"note: {run_dir} has no final/ (unfinished run): bundled without weights")
-            for relative in bundle_files(run_dir):
+            skipped: list[str] = []
+            for relative in bundle_files(run_dir, skipped):
                 entry = f"{name}/{relative.as_posix()}"
                 archive.write(run_dir / relative, entry)
                 entries.append(entry)
+            for path in skipped:
+                print(f"llm-pg bundle: skipped {run_dir / path}: a link out of the run directory", file=sys.stderr)
     return entries
 
 
@@ -77,7 +128,11 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("runs", nargs="+", help="run directories")
     parser.add_argument("--out", required=True, help="the zip to write, e.g. results.zip")
     args = parser.parse_args(list(argv))
-    entries = bundle(args.runs, args.out)
+    try:
+        entries = bundle(args.runs, args.out)
+    except (ValueError, OSError) as error:  # a run directory is input: its faults are one line, not a traceback
+        print(f"llm-pg bundle: error: {error}", file=sys.stderr)
+        return 2
     size = Path(args.out).stat().st_size / 2**20
     print(f"wrote {args.out}: {len(args.runs)} runs, {len(entries)} files, {size:.1f} MiB")
     return 0

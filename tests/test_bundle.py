@@ -70,3 +70,60 @@ def test_bundle_refuses_non_runs_and_repeated_names(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no config\.yaml"):
         bundle([tmp_path], tmp_path / "b.zip")
     assert not (tmp_path / "b.zip").exists()
+
+
+# ---- hostile run directories (issue 18, item 7) ------------------------------------------------------------
+
+
+def test_links_out_of_the_run_directory_are_left_out_with_one_line_each(tmp_path, capsys):
+    secret = tmp_path / "outside" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("private")
+    (tmp_path / "outside" / "more.txt").write_text("private too")
+    run = make_run(tmp_path / "runs", "r")
+    (run / "final" / "stolen.txt").symlink_to(secret)  # a file link out
+    (run / "final" / "dir").symlink_to(secret.parent)  # a folder link out
+    (run / "eval" / "loop").symlink_to(run / "eval")  # a folder link back inside: walked once
+    (run / "final" / "inside.txt").symlink_to(run / "metrics.csv")  # a link that stays inside: followed
+    out = tmp_path / "b.zip"
+    assert main([str(run), "--out", str(out)]) == 0
+    archive = zipfile.ZipFile(out)
+    assert all(b"private" not in archive.read(n) for n in archive.namelist())
+    assert "r/final/inside.txt" in archive.namelist() and "r/final/adapter_model.safetensors" in archive.namelist()
+    assert sorted(n for n in archive.namelist() if n.startswith("r/eval/")) == [
+        "r/eval/iter_00000.jsonl",
+        "r/eval/iter_00010.jsonl",
+    ]
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"llm-pg bundle: skipped {run / 'final/dir'}: a link out of the run directory",
+        f"llm-pg bundle: skipped {run / 'final/stolen.txt'}: a link out of the run directory",
+    ]
+
+
+def test_final_itself_a_link_out_is_left_out(tmp_path, capsys):
+    elsewhere = make_run(tmp_path / "other", "x")
+    run = make_run(tmp_path / "runs", "r", finished=False)
+    (run / "final").symlink_to(elsewhere / "final")
+    (run / "generations.jsonl").unlink()
+    (run / "generations.jsonl").symlink_to(elsewhere / "metrics.csv")
+    names = bundle([run], tmp_path / "b.zip")
+    assert not any(n.startswith("r/final") for n in names) and "r/generations.jsonl" not in names
+    assert capsys.readouterr().err.splitlines() == [
+        f"llm-pg bundle: skipped {run / 'generations.jsonl'}: a link out of the run directory",
+        f"llm-pg bundle: skipped {run / 'final'}: a link out of the run directory",
+    ]
+
+
+def test_a_config_with_a_python_tag_is_one_line_and_the_tag_never_runs(tmp_path, capsys):
+    run = make_run(tmp_path / "runs", "r")
+    marker = tmp_path / "ran"
+    (run / "config.yaml").write_text(f"run_name: !!python/object/apply:os.system ['touch {marker}']\n")
+    assert main([str(run), "--out", str(tmp_path / "b.zip")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"llm-pg bundle: error: {run / 'config.yaml'}: not a config llm-pg wrote (")
+    assert "\n" not in err and "python/object/apply:os.system" in err
+    assert not marker.exists() and not (tmp_path / "b.zip").exists()
+    (run / "config.yaml").write_text("- a list\n")
+    assert main([str(run), "--out", str(tmp_path / "b.zip")]) == 2
+    assert "a YAML list, not a mapping" in capsys.readouterr().err

@@ -117,6 +117,166 @@ def test_a_damaged_run_is_skipped_with_a_line_naming_its_file_and_the_rest_is_re
     assert [line.split(" | ")[0] for line in summary.splitlines()[2:]] == ["| a"]
 
 
+def _skips(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line]
+
+
+def _good_and(tmp_path, name: str):
+    """A sweep folder with a good run `good` and a run `name` to damage; returns the damaged run's directory."""
+    for run in ("good", name):
+        fake_run(tmp_path / "sweep" / run, em=[0.2, 0.6], reward=[0.5, 1.3])
+    return tmp_path / "sweep" / name
+
+
+def _reported(summary: str) -> list[str]:
+    return [line.split(" | ")[0] for line in summary.splitlines()[2:]]
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        ({"iteration": "0", "prompt": "p", "completion": "c", "reward": 1.3}, "'iteration' is '0', not int"),
+        ({"iteration": 0, "prompt": 7, "completion": "c", "reward": 1.3}, "'prompt' is 7, not str"),
+        ({"iteration": 0, "prompt": "p", "completion": "c", "reward": True}, "'reward' is True, not int or float"),
+        ({"iteration": 0, "prompt": "p", "completion": "c", "reward": 1.3, "reward_tags": "x"}, "'reward_tags' is"),
+        ([0, "p", "c", 1.3], "a JSON list, not an object"),
+        ({"iteration": 0, "prompt": "p", "reward": 1.3}, "no 'completion' field"),
+    ],
+)
+def test_a_run_with_type_wrong_generation_rows_is_damaged_and_the_others_are_reported(tmp_path, capsys, row, problem):
+    bad = _good_and(tmp_path, "bad")
+    good_row = {"iteration": 0, "prompt": "p", "completion": "c", "reward": 1.3, "advantage": 0.5}
+    (bad / "generations.jsonl").write_text(json.dumps(good_row) + "\n" + json.dumps(row) + "\n")
+    _, summary = report.write_report([tmp_path / "sweep"], tmp_path / "out")
+    [line] = _skips(capsys)
+    assert line.startswith(f"llm-pg report: skipping {bad}: {bad / 'generations.jsonl'}: line 2 is not a row llm-pg ")
+    assert problem in line
+    assert _reported(summary) == ["| good"]
+
+
+@pytest.mark.parametrize(("cell", "problem"), [("inf", "step 'inf' is not an iteration"), ("1.5", "step '1.5'"),
+                                               ("-2", "step '-2'"), ("abc", "could not convert")])  # fmt: skip
+def test_a_run_with_a_bad_metrics_cell_is_damaged_naming_the_line(tmp_path, capsys, cell, problem):
+    bad = _good_and(tmp_path, "bad")
+    file = bad / "metrics.csv"
+    lines = file.read_text().splitlines()
+    header = lines[0].split(",")
+    cells = lines[2].split(",")
+    cells[header.index("step") if cell != "abc" else header.index("train/reward")] = cell
+    file.write_text("\n".join([*lines[:2], ",".join(cells), *lines[3:]]) + "\n")
+    _, summary = report.write_report([tmp_path / "sweep"], tmp_path / "out")
+    [line] = _skips(capsys)
+    assert line.startswith(f"llm-pg report: skipping {bad}: {file}: line 3: ") and problem in line
+    assert _reported(summary) == ["| good"]
+
+
+def test_a_run_with_a_bad_eval_file_is_damaged_and_good_eval_rows_are_shown(tmp_path, capsys):
+    bad = _good_and(tmp_path, "bad")
+    good = tmp_path / "sweep" / "good"
+    (good / "eval").mkdir()
+    row = {"prompt": "Copy: 41", "answer": "41", "completion": "<answer>41</answer>", "reward": 1.3, "correct": True}
+    (good / "eval" / "iter_00000.jsonl").write_text(json.dumps(row | {"completion": "41", "reward": 0.0}) + "\n")
+    (good / "eval" / "iter_00004.jsonl").write_text(json.dumps(row) + "\n")
+    (bad / "eval").mkdir()
+    (bad / "eval" / "iter_00004.jsonl").write_text(json.dumps(row) + "\n" + json.dumps(row | {"correct": 1}) + "\n")
+    report_md, _ = report.write_report([tmp_path / "sweep"], tmp_path / "out")
+    [line] = _skips(capsys)
+    eval_file = bad / "eval" / "iter_00004.jsonl"
+    assert (
+        line
+        == f"llm-pg report: skipping {bad}: {eval_file}: line 2 is not a row llm-pg wrote ('correct' is 1, not bool)"
+    )
+    text = report_md.read_text()
+    assert "Evaluation at iteration 4 (the first 1 of 1 prompts):" in text
+    assert "| Copy: 41 | 41 | \\<answer\\>41\\</answer\\> | 1.30 | yes |" in text
+
+
+def test_a_config_that_is_not_a_safe_yaml_mapping_is_one_line_and_never_runs(tmp_path, capsys):
+    bad = _good_and(tmp_path, "bad")
+    marker = tmp_path / "ran"
+    for text, problem in [
+        (f"model: !!python/object/apply:os.system ['touch {marker}']\n", "could not determine a constructor"),
+        ("- a\n- list\n", "no mapping model.init_args"),
+        ("model:\n  init_args: [1]\n", "no mapping model.init_args"),
+    ]:
+        (bad / "config.yaml").write_text(text)
+        _, summary = report.write_report([tmp_path / "sweep"], tmp_path / "out")
+        [line] = _skips(capsys)
+        assert line.startswith(f"llm-pg report: skipping {bad}: {bad / 'config.yaml'}: not a config llm-pg wrote (")
+        assert problem in line and _reported(summary) == ["| good"]
+    assert not marker.exists()
+
+
+def test_report_of_a_missing_folder_is_one_line_exit_2(tmp_path, capsys):
+    assert report.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"llm-pg report: error: {tmp_path / 'nothing'}: no metrics.csv here or in its subfolders\n"
+    )
+
+
+def test_generation_rows_show_gold_answer_correct_length_truncation_and_components(tmp_path):
+    fake_run(tmp_path / "r", em=[0.5], reward=[0.5])
+    row = {"iteration": 0, "prompt": "Copy: 7", "answer": "7", "completion": "<answer>7", "reward": 0.2,
+           "reward_correct": 0.0, "reward_tags": 0.2, "correct": False, "advantage": -0.71, "length": 9,
+           "truncated": True}  # fmt: skip
+    (tmp_path / "r" / "generations.jsonl").write_text(json.dumps(row) + "\n")
+    text = report.generations(report.read_run(tmp_path / "r"), 4)
+    lines = text.splitlines()
+    assert (
+        lines[2]
+        == "| prompt | answer | completion | reward | correct | tags | correct | advantage | tokens | truncated |"
+    )
+    assert lines[4] == "| Copy: 7 | 7 | \\<answer\\>7 | 0.20 | 0.00 | 0.20 | no | -0.71 | 9 | yes |"
+
+
+# ---- each setting against the reference, over seeds ----------------------------------------------------
+
+
+def test_bootstrap_interval_by_hand():
+    # A constant reference: only the setting's resampled mean varies, over {0.25, 0.5, 0.75} with probabilities
+    # 1/4, 1/2, 1/4; each extreme holds more than 2.5 %, so the interval is the extremes minus 0.5.
+    assert report.bootstrap_interval([0.5, 0.5], [0.25, 0.75]) == pytest.approx((0.0, -0.25, 0.25))
+    # Two seeds each: the 2.5 % tail sits in the extreme resample (both low: probability 1/16), so the interval is
+    # [min b - max a, max b - min a] = [1.0 - 0.2, 1.2 - 0.0].
+    assert report.bootstrap_interval([0.0, 0.2], [1.0, 1.2]) == pytest.approx((1.0, 0.8, 1.2))
+    # Three seeds, no spread: a point.
+    assert report.bootstrap_interval([1.0, 1.0, 1.0], [0.3, 0.3, 0.3]) == pytest.approx((-0.7, -0.7, -0.7))
+    # Seeded: the same inputs give the same interval.
+    a, b = [0.1, 0.4, 0.35, 0.8], [0.5, 0.6, 0.9]
+    assert report.bootstrap_interval(a, b) == report.bootstrap_interval(a, b)
+
+
+def test_comparison_against_the_reference_marks_what_is_beyond_seed_noise(tmp_path):
+    fake_run(tmp_path / "reference_seed0", em=[0.3, 0.9, 1.0], reward=[1.0] * 4)  # 0.9 at iteration 2
+    fake_run(tmp_path / "reference_seed1", em=[0.3, 0.8, 0.9], reward=[1.0] * 4)  # at iteration 4
+    fake_run(tmp_path / "lr_seed0", em=[0.3, 0.4, 0.3], reward=[1.0] * 4)  # never: counts as 4
+    fake_run(tmp_path / "lr_seed1", em=[0.3, 0.5, 0.4], reward=[1.0] * 4)
+    fake_run(tmp_path / "clip_seed0", em=[0.3, 0.9, 0.95], reward=[1.0] * 4)
+    fake_run(tmp_path / "clip_seed1", em=[0.3, 0.8, 0.85], reward=[1.0] * 4)
+    fake_run(tmp_path / "single", em=[0.3, 0.9, 0.1], reward=[1.0] * 4)
+    groups = report.group_runs([report.read_run(p) for p in sorted(tmp_path.iterdir())])
+    rows = {line.split(" | ")[0][2:]: line for line in report.comparison_table(groups, "reference").splitlines()[2:]}
+    assert set(rows) == {"lr", "clip", "single"}
+    # final EM: lr (0.3, 0.4) vs reference (1.0, 0.9): mean -0.6, extremes 0.3 - 1.0 and 0.4 - 0.9.
+    # best EM: (0.4, 0.5) vs (1.0, 0.9): -0.5 [-0.6, -0.4]. Iterations: (4, 4) vs (2, 4): +1 [0, +2], a bound.
+    assert rows["lr"] == "| lr | 2 | **-0.600 [-0.700, -0.500]** | **-0.500 [-0.600, -0.400]** | +1.0 [+0.0, +2.0] † |"
+    # clip: final (0.95, 0.85) vs (1.0, 0.9): -0.05 [-0.15, +0.05]: seed noise. Iterations (2, never: 4) vs (2, 4).
+    assert rows["clip"] == "| clip | 2 | -0.050 [-0.150, +0.050] | -0.050 [-0.150, +0.050] | +0.0 [-2.0, +2.0] † |"
+    assert rows["single"] == "| single | 1 | - | - | - |"
+
+
+def test_the_report_writes_the_comparison_when_settings_have_seeds(tmp_path, capsys):
+    for name, em in [("reference_seed0", 0.9), ("reference_seed1", 1.0), ("x_seed0", 0.2), ("x_seed1", 0.3)]:
+        fake_run(tmp_path / "sweep" / name, em=[0.1, em], reward=[1.0, 1.0])
+    report_md, summary = report.write_report([tmp_path / "sweep"], tmp_path / "out")
+    text = report_md.read_text()
+    assert "## Against the reference: reference" in text
+    assert "| x | 2 | **-0.700 [-0.800, -0.600]** |" in text and "Against reference:" in summary
+    assert report.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "o2"), "--reference", "nope"]) == 2
+    assert "--reference 'nope' is none of the groups" in capsys.readouterr().err
+
+
 # ---- real runs -----------------------------------------------------------------------------------------
 
 

@@ -4,7 +4,8 @@ Reads only what every run writes (`metrics.csv`, `generations.jsonl`), so it nee
 differ only by a `_seed<N>` suffix are one group: a line for the mean over seeds and a band from the lowest to
 the highest seed. Writes into `--out`:
 
-    report.md                 the table, the plots and sampled generations, ready to paste into a write-up
+    report.md                 the table, each setting against the reference over seeds (`compare.py`), the plots,
+                              sampled generations and eval completions, ready to paste into a write-up
     overview.png              every plot on one page
     eval_exact_match.png, speed.png (iterations to reach 0.9), train_reward.png, kl.png, clip_fraction.png,
     grad_norm.png
@@ -19,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from llm_pg.report.compare import bootstrap_interval, comparison_note, comparison_table, pick_reference
 from llm_pg.report.plots import band, plot, smoothed
 from llm_pg.report.runs import (
     TARGET,
@@ -36,6 +38,8 @@ __all__ = [
     "DamagedRun",
     "RunLog",
     "band",
+    "bootstrap_interval",
+    "comparison_table",
     "group_runs",
     "main",
     "read_run",
@@ -59,21 +63,62 @@ def _md(text: str, limit: int = 240) -> str:
     return text.replace("\r", "").replace("\n", "⏎") or "(empty)"
 
 
+def _number(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _yes(value) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
+def _rows_table(rows: list[dict], columns: list[tuple[str, str]]) -> list[str]:
+    """A markdown table of `rows` with the `(field, header)` columns some row has (prompt and completion always)."""
+    kept = [(k, h) for k, h in columns if k in ("prompt", "completion") or any(k in r for r in rows)]
+    lines = ["| " + " | ".join(h for _, h in kept) + " |", "|" + "---|" * len(kept)]
+    for r in rows:
+        cells = []
+        for key, _ in kept:
+            value = r.get(key)
+            if key in ("prompt", "answer"):
+                cells.append(_md(str(value), 80) if value is not None else "-")
+            elif key == "completion":
+                cells.append(_md(value))
+            elif key in ("correct", "truncated"):
+                cells.append(_yes(value))
+            elif key == "length":
+                cells.append(_number(value, "{:d}"))
+            else:
+                cells.append(_number(value, "{:+.2f}" if key == "advantage" else "{:.2f}"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def generations(run: RunLog, samples: int) -> str:
-    """The first `samples` rows (one prompt group first) of the first and the last logged iteration."""
+    """The first `samples` rows (one prompt group first) of the first and the last logged iteration, with the gold
+    answer, correctness, length, truncation and one column per reward component where the run logged them."""
     if not run.generations or samples <= 0:
         return "_no generations.jsonl_"
     iterations = sorted({row["iteration"] for row in run.generations})
+    components = sorted({k for row in run.generations for k in row if k.startswith("reward_")})
+    columns = [("prompt", "prompt"), ("answer", "answer"), ("completion", "completion"), ("reward", "reward")]
+    columns += [(c, c.removeprefix("reward_")) for c in components]
+    columns += [("correct", "correct"), ("advantage", "advantage"), ("length", "tokens"), ("truncated", "truncated")]
     parts = []
     for iteration in dict.fromkeys([iterations[0], iterations[-1]]):
         rows = [row for row in run.generations if row["iteration"] == iteration][:samples]
-        parts.append(f"Iteration {iteration}:\n\n| prompt | completion | reward | advantage |\n|---|---|---|---|")
-        parts += [
-            f"| {_md(r['prompt'], 80)} | {_md(r['completion'])} | {r['reward']:.2f} | {r['advantage']:+.2f} |"
-            for r in rows
-        ]
-        parts.append("")
+        parts += [f"Iteration {iteration}:", "", *_rows_table(rows, columns), ""]
     return "\n".join(parts)
+
+
+def eval_completions(run: RunLog, samples: int) -> str:
+    """The first `samples` completions of the run's last evaluation (greedy), with the gold answer and reward."""
+    if run.evaluation is None or not run.evaluation[1] or samples <= 0:
+        return "_no eval/iter_XXXXX.jsonl_"
+    iteration, rows = run.evaluation
+    columns = [("prompt", "prompt"), ("answer", "answer"), ("completion", "completion"), ("reward", "reward")]
+    table = _rows_table(rows[:samples], [*columns, ("correct", "correct")])
+    title = f"Evaluation at iteration {iteration} (the first {min(samples, len(rows))} of {len(rows)} prompts):"
+    return "\n".join([title, "", *table, ""])
 
 
 # ---- command -------------------------------------------------------------------------------------------
@@ -88,12 +133,18 @@ NOTE = (
 
 
 def write_report(
-    paths: Sequence[str | Path], out: str | Path, samples: int = 4, smooth: int = 0, overview_only: bool = False
+    paths: Sequence[str | Path],
+    out: str | Path,
+    samples: int = 4,
+    smooth: int = 0,
+    overview_only: bool = False,
+    reference: str | None = None,
 ) -> tuple[Path, str]:
-    """Read the runs, write the PNGs and report.md into `out`; returns the report's path and its table.
+    """Read the runs, write the PNGs and report.md into `out`; returns the report's path and its table(s).
 
     `overview_only`: `overview.png` without the one-PNG-per-metric files (the report a run writes into its own
-    directory at the end of `fit`)."""
+    directory at the end of `fit`). `reference`: the group the others are compared with (`compare.py`; default: a
+    group named `reference`, `base` or `baseline`); the comparison is written when some group has several seeds."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
@@ -110,6 +161,9 @@ def write_report(
     window = smooth if smooth > 0 else min(20, max(1, round(longest / 10)))
     pngs = plot(groups, out, window, overview_only)
     summary = table(groups)
+    against = pick_reference(groups, reference) if len(groups) > 1 else None
+    seeded = against is not None and any(len(g) > 1 for g in groups.values())
+    comparison = comparison_table(groups, against) if seeded else ""
     lines = [
         "# Run report",
         "",
@@ -123,17 +177,26 @@ def write_report(
         "",
         NOTE,
         "",
+        *(
+            [f"## Against the reference: {against}", "", comparison, "", comparison_note(against, groups), ""]
+            if comparison
+            else []
+        ),
         *(["## Plots", "", *[f"![{png.removesuffix('.png')}]({png})\n" for png in pngs]] if pngs else []),
         "## Sampled generations",
         "",
-        "The first rows (one prompt group) of the first and the last logged rollout, with reward and group advantage.",
+        "The first rows (one prompt group) of the first and the last logged rollout, with the gold answer, reward "
+        "(and its components), group advantage, completion tokens and truncation (no EOS).",
         "",
     ]
     for name, group in groups.items():
         lines += [f"### {name} ({group[0].path.name})", "", generations(group[0], samples)]
+    lines += ["## Eval completions", "", "The first prompts of each group's last (greedy) evaluation.", ""]
+    for name, group in groups.items():
+        lines += [f"### {name} ({group[0].path.name})", "", eval_completions(group[0], samples)]
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
-    return report, summary
+    return report, summary + (f"\n\nAgainst {against}:\n\n{comparison}" if comparison else "")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -147,7 +210,16 @@ def main(argv: Sequence[str]) -> int:
         default=0,
         help="rolling-mean window for the per-iteration curves; 0 (default): a tenth of the run, at most 20; 1: raw",
     )
+    parser.add_argument(
+        "--reference",
+        default=None,
+        help="the group the others are compared with over seeds (default: one named reference, base or baseline)",
+    )
     args = parser.parse_args(list(argv))
-    report, summary = write_report(args.runs, args.out, args.samples, args.smooth)
+    try:
+        report, summary = write_report(args.runs, args.out, args.samples, args.smooth, reference=args.reference)
+    except (ValueError, OSError) as error:  # a missing folder or reference: one line, not a traceback
+        print(f"llm-pg report: error: {error}", file=sys.stderr)
+        return 2
     print(f"{summary}\n\nwrote {report} and its plots")
     return 0

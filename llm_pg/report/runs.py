@@ -26,11 +26,12 @@ OLD_RUN = re.compile(r"\.old-\d{8}-\d{6}(-\d+)?$")
 @dataclass
 class RunLog:
     """One run's logged metrics: `series[column][step] = value` (the last row wins for a step logged twice, as
-    after a resume), plus its sampled rollout rows."""
+    after a resume), plus its sampled rollout rows and its last evaluation's completions."""
 
     path: Path
     series: dict[str, dict[int, float]]
     generations: list[dict] = field(default_factory=list)
+    evaluation: tuple[int, list[dict]] | None = None  # the last evaluation's iteration and completions
 
     @property
     def group(self) -> str:
@@ -59,40 +60,112 @@ def _read_metrics(file: Path) -> dict[str, dict[int, float]]:
             if None in row or None in row.values():  # more or fewer fields than the header: a row cut short
                 raise DamagedRun(f"{file}: line {reader.line_num} does not match the header (cut short?)")
             try:
-                step = int(float(row["step"]))
+                step = float(row["step"])
+                if not step.is_integer() or step < 0:
+                    raise ValueError(f"step {row['step']!r} is not an iteration")
                 for column, text in row.items():
                     if column != "step" and text != "":
-                        series.setdefault(column, {})[step] = float(text)
+                        series.setdefault(column, {})[int(step)] = float(text)
             except (KeyError, ValueError) as error:
-                raise DamagedRun(f"{file}: line {reader.line_num}: {error!r}") from error
+                raise DamagedRun(f"{file}: line {reader.line_num}: {error}") from error
     return series
 
 
-def _read_generations(file: Path) -> list[dict]:
+# The fields a reader relies on, with the types the trainer writes; a row may hold more (older runs fewer of the
+# optional ones). bool is excluded from the numbers: JSON `true` is not a reward.
+GENERATION_FIELDS = {"iteration": (int,), "prompt": (str,), "completion": (str,), "reward": (int, float)}
+GENERATION_OPTIONAL = {
+    "advantage": (int, float),
+    "answer": (str, type(None)),
+    "correct": (bool,),
+    "length": (int,),
+    "truncated": (bool,),
+}
+EVAL_FIELDS = {"prompt": (str,), "completion": (str,), "reward": (int, float)}
+EVAL_OPTIONAL = {"answer": (str, type(None)), "correct": (bool,)}
+
+
+def _type_error(row: object, required: dict, optional: dict) -> str | None:
+    """Why `row` is not a row of the kind described (field -> allowed types), or None when it is."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    for name in required:
+        if name not in row:
+            return f"no {name!r} field"
+    reward_columns = {k: (int, float) for k in row if k.startswith("reward_")}
+    for name, types in {**required, **optional, **reward_columns}.items():
+        value = row.get(name)
+        if name in row and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            return f"{name!r} is {value!r}, not {' or '.join(t.__name__ for t in types)}"
+    return None
+
+
+def read_jsonl(file: Path, required: dict, optional: dict) -> list[dict]:
+    """The rows of a JSONL file, each checked against the field types given; DamagedRun names the file and line."""
     rows = []
-    for number, line in enumerate(file.read_text().splitlines(), 1):
+    try:
+        text = file.read_text()
+    except UnicodeDecodeError as error:
+        raise DamagedRun(f"{file}: not UTF-8 text ({error.reason} at byte {error.start})") from error
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except ValueError as error:
             raise DamagedRun(f"{file}: line {number} is not JSON ({error.msg}; cut short?)") from error
+        problem = _type_error(row, required, optional)
+        if problem is not None:
+            raise DamagedRun(f"{file}: line {number} is not a row llm-pg wrote ({problem})")
+        rows.append(row)
     return rows
+
+
+def _read_generations(file: Path) -> list[dict]:
+    return read_jsonl(file, GENERATION_FIELDS, GENERATION_OPTIONAL)
+
+
+def read_eval(path: Path) -> tuple[int, list[dict]] | None:
+    """The last evaluation's completions of a run (`eval/iter_XXXXX.jsonl` with the highest iteration) and its
+    iteration, or None when the run wrote none."""
+    files = sorted(path.glob("eval/iter_*.jsonl"))
+    numbered = [(int(f.stem.removeprefix("iter_")), f) for f in files if f.stem.removeprefix("iter_").isdigit()]
+    if not numbered:
+        return None
+    iteration, file = max(numbered)
+    return iteration, read_jsonl(file, EVAL_FIELDS, EVAL_OPTIONAL)
 
 
 def read_run(path: str | Path) -> RunLog:
     """A run directory's metrics.csv, generations.jsonl and (for kl_coef) config.yaml; DamagedRun names the file
     that cannot be read."""
     path = Path(path)
-    series = _read_metrics(path / "metrics.csv")
-    generations = _read_generations(path / "generations.jsonl") if (path / "generations.jsonl").is_file() else []
     try:
-        config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
-    except yaml.YAMLError as error:
-        raise DamagedRun(f"{path / 'config.yaml'}: not YAML ({error})") from error
-    if ((config or {}).get("model") or {}).get("init_args", {}).get("kl_coef") == 0:
+        series = _read_metrics(path / "metrics.csv")
+    except UnicodeDecodeError as error:
+        raise DamagedRun(f"{path / 'metrics.csv'}: not UTF-8 text ({error.reason} at byte {error.start})") from error
+    generations = _read_generations(path / "generations.jsonl") if (path / "generations.jsonl").is_file() else []
+    evaluation = read_eval(path)
+    if _kl_coef(path / "config.yaml") == 0:
         series.pop("train/kl", None)  # no reference model: the logged 0 is a placeholder, not a measurement
-    return RunLog(path, series, generations)
+    return RunLog(path, series, generations, evaluation)
+
+
+def _kl_coef(file: Path) -> object:
+    """`model.init_args.kl_coef` of a run's config.yaml (None when absent). Loaded with `yaml.safe_load`: a tag
+    such as `!!python/object` is refused, never run; a file that is not a YAML mapping is a DamagedRun."""
+    if not file.is_file():
+        return None
+    try:
+        config = yaml.safe_load(file.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise DamagedRun(f"{file}: not a config llm-pg wrote ({reason})") from error
+    model = config.get("model") if isinstance(config, dict) else None
+    init_args = model.get("init_args") if isinstance(model, dict) else None
+    if not isinstance(config, dict) or (model is not None and not isinstance(init_args, dict | None)):
+        raise DamagedRun(f"{file}: not a config llm-pg wrote (no mapping model.init_args)")
+    return (init_args or {}).get("kl_coef")
 
 
 def run_dirs(paths: Sequence[str | Path]) -> list[Path]:
