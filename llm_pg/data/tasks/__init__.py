@@ -1,8 +1,20 @@
 """Verifiable-reward tasks: prompts, a deterministic eval set and a reward per task (see base.py)."""
 
 from llm_pg.data.tasks.arith import ArithTask
-from llm_pg.data.tasks.base import Example, Score, Task
+from llm_pg.data.tasks.base import Example, RewardError, Score, Task
+from llm_pg.data.tasks.dataset import DatasetTask
 from llm_pg.data.tasks.format_copy import FormatCopyTask
 from llm_pg.data.tasks.math_hard import MathHardTask
+from llm_pg.data.tasks.reasoning_gym import ReasoningGymTask
 
-__all__ = ["ArithTask", "Example", "FormatCopyTask", "MathHardTask", "Score", "Task"]
+__all__ = [
+    "ArithTask",
+    "DatasetTask",
+    "Example",
+    "FormatCopyTask",
+    "MathHardTask",
+    "ReasoningGymTask",
+    "RewardError",
+    "Score",
+    "Task",
+]

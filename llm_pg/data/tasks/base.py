@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 
 class RewardError(ValueError):
@@ -24,10 +25,14 @@ class Score:
 
 @dataclass(frozen=True)
 class Example:
-    """One prompt of a task: the user turn and the gold answer the reward checks against."""
+    """One prompt of a task: the user turn, the gold answer the reward checks against, and any other fields
+    of its row (`DatasetTask` puts every column but the prompt and answer columns here; a reward function reads
+    them as `example.fields["unit"]`). `Example(prompt, answer)` has no fields. Fields take part in `==` but
+    not in `hash`, so an example stays hashable whatever its fields hold."""
 
     prompt: str  # the user turn, as the model sees it inside the chat template
     answer: str  # the gold answer (an integer for format_copy and arith, a number for math_hard)
+    fields: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 class Task(ABC):

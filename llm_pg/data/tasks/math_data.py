@@ -50,13 +50,13 @@ def _local_files(data_files: Any) -> list[str]:
 
 
 def _unreadable_json(path: str) -> bool:
-    """True when `path` is neither JSON Lines (first non-blank line) nor one JSON document."""
-    with open(path, encoding="utf-8", errors="replace") as file:
-        first = next((line for line in file if line.strip()), "")
+    """True when `path` is not UTF-8, or neither JSON Lines (first non-blank line) nor one JSON document."""
+    with open(path, encoding="utf-8") as file:
         try:
+            first = next((line for line in file if line.strip()), "")
             json.loads(first)
             return False
-        except ValueError:
+        except ValueError:  # UnicodeDecodeError is a ValueError too
             file.seek(0)
         try:
             json.load(file)
@@ -65,14 +65,22 @@ def _unreadable_json(path: str) -> bool:
             return True
 
 
-def load_split(dataset: str, split: str, config_name: str | None = None, data_files: Any = None) -> Iterable:
-    """`datasets.load_dataset(dataset, config_name, data_files=..., split=split)`, with one-line errors."""
+def load_split(
+    dataset: str,
+    split: str,
+    config_name: str | None = None,
+    data_files: Any = None,
+    task: str = "math_hard",
+    expected: str = "the MATH columns (problem, level, solution)",
+) -> Iterable:
+    """`datasets.load_dataset(dataset, config_name, data_files=..., split=split)`, with one-line errors that name
+    the `task` and, for an unreadable file, what it should hold (`expected`). Shared by math_hard and DatasetTask."""
     import datasets  # imported here: arith and format_copy need no datasets import
 
     local = _local_files(data_files)
     for path in local:
         if os.path.getsize(path) == 0:
-            raise DataFileError(f"math_hard data file '{path}' is empty: give it one JSON row per line")
+            raise DataFileError(f"{task} data file '{path}' is empty: give it one row per line (JSON Lines)")
     try:
         return datasets.load_dataset(dataset, config_name, data_files=data_files, split=split)
     except OSError as err:  # ConnectionError (offline, unreachable hub) and FileNotFoundError are OSErrors
@@ -87,8 +95,8 @@ def load_split(dataset: str, split: str, config_name: str | None = None, data_fi
     except (datasets.exceptions.DatasetsError, ValueError, StopIteration) as err:  # unreadable or empty files
         bad = [path for path in local if dataset == "json" and _unreadable_json(path)] or local or [dataset]
         raise DataFileError(
-            f"math_hard could not read {', '.join(map(repr, bad))} ({_root_cause(err)}): check that it is "
-            f"{dataset!r} data with the MATH columns (problem, level, solution)"
+            f"{task} could not read {', '.join(map(repr, bad))} ({_root_cause(err)}): check that it is "
+            f"{dataset!r} data with {expected}"
         ) from None
 
 

@@ -1,0 +1,117 @@
+"""Modules and data files a config names are found beside it, then in the working directory, without PYTHONPATH."""
+
+import csv
+import json
+import os
+import sys
+
+import pytest
+
+from llm_pg import user_modules
+from llm_pg.user_modules import add_config_dirs, config_files, find_file, lookup_dirs
+
+SMALL = [  # 2 prompts x 4 completions of 8 tokens, one iteration, no W&B
+    "--model.init_args.iterations=1",
+    "--data.prompts_per_step=2",
+    "--model.init_args.group_size=4",
+    "--model.init_args.minibatch_size=4",
+    "--model.init_args.grad_accum_steps=2",
+    "--model.init_args.max_new_tokens=8",
+    "--wandb_project=null",
+    "--trainer.enable_progress_bar=false",
+]
+
+
+@pytest.fixture
+def fresh_path(monkeypatch):
+    """sys.path and the recorded lookup directories as they were, after the test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(user_modules, "_lookup_dirs", [])
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+
+
+def test_config_files_reads_both_spellings():
+    words = ["fit", "--config", "a/x.yaml", "--config=b/y.yaml", "--model.lr=1", "--config"]
+    assert [str(p) for p in config_files(words)] == ["a/x.yaml", "b/y.yaml"]
+
+
+def test_config_dirs_then_cwd_go_at_the_end_of_sys_path_once(tmp_path, monkeypatch, fresh_path):
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    before = list(sys.path)
+    added = add_config_dirs(["fit", "--config", str(tmp_path / "exp" / "c.yaml"), "--config=../exp/d.yaml"])
+    assert added == [str(tmp_path / "exp"), str(tmp_path / "run")]
+    assert sys.path == [*before, *added]  # appended: a yaml.py beside the config cannot shadow PyYAML
+    assert lookup_dirs() == added
+    assert add_config_dirs(["fit", "--config", str(tmp_path / "exp" / "c.yaml")]) == []  # already there
+
+
+def test_find_file_looks_beside_the_config_then_in_the_working_directory(tmp_path, monkeypatch, fresh_path):
+    for folder in ("exp", "run"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "exp" / "both.jsonl").write_text("{}")
+    (tmp_path / "run" / "both.jsonl").write_text("{}")
+    (tmp_path / "run" / "cwd_only.jsonl").write_text("{}")
+    monkeypatch.chdir(tmp_path / "run")
+    assert find_file("both.jsonl") == str(tmp_path / "run" / "both.jsonl")  # before the entry point: cwd only
+    add_config_dirs(["fit", f"--config={tmp_path / 'exp' / 'c.yaml'}"])
+    assert find_file("both.jsonl") == str(tmp_path / "exp" / "both.jsonl")
+    assert find_file("cwd_only.jsonl") == str(tmp_path / "run" / "cwd_only.jsonl")
+    assert find_file("nowhere.jsonl") is None
+    assert find_file(str(tmp_path / "run" / "both.jsonl")) == str(tmp_path / "run" / "both.jsonl")
+
+
+def write_experiment(folder, reward_module: str, body: str, rows=None) -> str:
+    """A config, its data file and its reward module in `folder`; returns the config's path."""
+    folder.mkdir()
+    rows = rows or [{"q": n, "n": n} for n in (-41, 7, 512, 90, -3, 66)]
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / f"{reward_module}.py").write_text(body)
+    config = {
+        "model": {"class_path": "llm_pg.modules.GRPOModule", "init_args": {"model_name_or_path": "tiny"}},
+        "data": {
+            "task": {
+                "class_path": "llm_pg.data.tasks.DatasetTask",
+                "init_args": {
+                    "data_files": "rows.jsonl",
+                    "prompt_template": "Copy: {q}",
+                    "answer_column": "n",
+                    "eval_size": 2,
+                    "rewards": ["answer_tag", f"{reward_module}:score"],
+                    "reward_weights": [1.0, 0.5],
+                },
+            }
+        },
+        "trainer": {"accelerator": "cpu", "devices": 1},
+    }
+    (folder / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+    return str(folder / "config.yaml")
+
+
+def run_llm_pg(tmp_path, config: str, *overrides: str) -> int:
+    """`llm-pg fit --config CONFIG` in this process, from a working directory that is not the config's."""
+    from llm_pg.cli import main
+
+    os.chdir(tmp_path / "elsewhere")
+    try:
+        main(["fit", f"--config={config}", f"--runs_root={tmp_path / 'runs'}", "--run_name=run", *SMALL, *overrides])
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    return 0
+
+
+def test_a_reward_function_and_data_file_beside_the_config_train_without_pythonpath(tmp_path, monkeypatch, fresh_path):
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    body = "def score(completion, example):\n    return 0.8 if example.answer in completion else 0.0\n"
+    config = write_experiment(tmp_path / "exp", "beside_config_rewards", body)
+    assert run_llm_pg(tmp_path, config) == 0
+    with open(tmp_path / "runs" / "run" / "metrics.csv") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("train/reward")]
+    assert len(rows) == 1
+    total = float(rows[0]["train/reward"])
+    parts = float(rows[0]["train/reward_answer_tag"]) + float(rows[0]["train/reward_score"])
+    assert total == pytest.approx(parts, abs=1e-6)
+    assert (tmp_path / "runs" / "run" / "COMPLETE").exists()
