@@ -291,7 +291,8 @@ def grpo_loss(
 
     Returns:
         The scalar loss and detached stats `policy_loss`, `kl`, `clip_fraction` (share of completion
-        tokens whose gradient the clip removes), `ratio_max`, `ratio_mean`.
+        tokens whose gradient the clip removes) = `clip_fraction_low` (rho < 1 - eps and A < 0) +
+        `clip_fraction_high` (rho > 1 + eps_high and A > 0), `ratio_max`, `ratio_mean`.
     """
     high = clip_eps if clip_eps_high is None else clip_eps_high
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, C]
@@ -304,12 +305,15 @@ def grpo_loss(
     surrogate = torch.minimum(rho * adv, rho.clamp(1.0 - clip_eps, 1.0 + high) * adv)
     policy_loss = -aggregate(surrogate, mask, aggregation, max_new_tokens, num_tokens)
     kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
-    clipped = ((rho > 1.0 + high) & (adv > 0)) | ((rho < 1.0 - clip_eps) & (adv < 0))
+    clipped_high = (rho > 1.0 + high) & (adv > 0)  # [B, C]: the ratio rose past the upper clip on a good row
+    clipped_low = (rho < 1.0 - clip_eps) & (adv < 0)  # fell past the lower clip on a bad row
     rho_kept = rho.detach()[mask]
     stats = {
         "policy_loss": policy_loss.detach(),
         "kl": kl.detach(),
-        "clip_fraction": micro_batch_mean(clipped.float(), mask, split_tokens),
+        "clip_fraction": micro_batch_mean((clipped_high | clipped_low).float(), mask, split_tokens),
+        "clip_fraction_low": micro_batch_mean(clipped_low.float(), mask, split_tokens),
+        "clip_fraction_high": micro_batch_mean(clipped_high.float(), mask, split_tokens),
         "ratio_max": rho_kept.max() if rho_kept.numel() else rho.new_ones(()),
         "ratio_mean": micro_batch_mean(rho.detach(), mask, split_tokens),
     }

@@ -45,6 +45,7 @@ class RolloutCallback(Callback):
             chat_template=hp.chat_template,
             seed=derive_seed(hp.seed, batch["index"], trainer.global_rank, "sample"),
         )
+        sampling_seconds = time.perf_counter() - start  # generation alone: `time/tokens_per_s`
         prompt_index = [i // hp.group_size for i in range(len(sample.texts))]
         scores = [task.score(text, examples[i]) for text, i in zip(sample.texts, prompt_index, strict=True)]
         device = sample.completion_ids.device
@@ -62,7 +63,7 @@ class RolloutCallback(Callback):
             prompt_index=prompt_index,
             sampled_logp=sample.sampled_logprobs if isinstance(sample, VLLMGeneration) else None,
         )
-        metrics = rollout_metrics(rollout, scores, hp.group_size, eos)
+        metrics = rollout_metrics(rollout, scores, hp.group_size, eos, sampling_seconds)
         rollout, scores, variant_metrics = apply_variants(rollout, scores, hp, eos)
         if len(rollout) and module.needs_old_logp and not module.reuses_first_pass:
             rollout.old_logp = module.frozen_logprobs(rollout, reference=False)
@@ -74,6 +75,21 @@ class RolloutCallback(Callback):
         batch["scores"] = scores
         batch["rollout_metrics"] = {**metrics, **variant_metrics, "time/rollout": time.perf_counter() - start}
 
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if module.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(module.device)
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args) -> None:
+        """`memory/peak_gb` on a GPU: `torch.cuda.max_memory_allocated` since the previous iteration's reading (this
+        iteration's rollout and update, and the evaluation that ended the previous one), the max over ranks."""
+        if module.device.type != "cuda":
+            return
+        peak = torch.cuda.max_memory_allocated(module.device) / 2**30
+        module.log(
+            "memory/peak_gb", peak, on_step=True, on_epoch=False, sync_dist=trainer.world_size > 1, reduce_fx="max"
+        )
+        torch.cuda.reset_peak_memory_stats(module.device)
+
 
 def apply_variants(
     rollout: RolloutBatch, scores: list[Score], hp, eos: list[int]
@@ -81,7 +97,8 @@ def apply_variants(
     """The rollout-side options, in order: drop settled groups (`filter_zero_std_groups`, DAPO dynamic sampling),
     compute the advantages of the rows left (`advantage`, then clipped to +-`adv_clip`), and zero the completion
     mask of rows that end without an EOS (`mask_truncated`, DAPO overlong filtering). Returns the rollout, the
-    scores of its rows, and the counts of what the options removed (only for options that are on)."""
+    scores of its rows, and metrics: `train/advantage_abs_mean` and the counts of what the options removed (only for
+    options that are on)."""
     metrics: dict[str, float] = {}
     if hp.filter_zero_std_groups:
         settled = settled_groups(rollout.rewards, hp.group_size)  # [N/G]
@@ -91,6 +108,8 @@ def apply_variants(
         metrics["train/filtered_groups"] = float(settled.sum())
     if len(rollout):
         rollout.advantages = advantages(rollout.rewards, hp.group_size, hp.advantage).clamp(-hp.adv_clip, hp.adv_clip)
+    # Mean |A| over the rows the update sees: how much signal the rollout carries (0 when every group is settled).
+    metrics["train/advantage_abs_mean"] = rollout.advantages.abs().mean().item() if len(rollout) else 0.0
     if hp.mask_truncated:
         truncated = ~torch.isin(rollout.completion_ids, torch.tensor(eos, device=rollout.input_ids.device)).any(1)
         rollout.completion_mask = rollout.completion_mask & ~truncated.unsqueeze(1)  # [N, C]
@@ -98,8 +117,21 @@ def apply_variants(
     return rollout, scores, metrics
 
 
-def rollout_metrics(rollout: RolloutBatch, scores: list[Score], group_size: int, eos: list[int]) -> dict[str, float]:
-    """Reward, reward components, group spread and completion-length statistics of one rollout."""
+def rollout_metrics(
+    rollout: RolloutBatch,
+    scores: list[Score],
+    group_size: int,
+    eos: list[int],
+    sampling_seconds: float | None = None,
+) -> dict[str, float]:
+    """Reward, reward components, group spread and completion-length statistics of one rollout (all `N` rows,
+    before any variant drops or masks some).
+
+    Lengths are completion tokens up to and including the first EOS (the completion mask); a row is truncated when
+    it holds no EOS at all (it reached `max_new_tokens`). Stds are population stds over the `N` rows (as
+    `train/reward_std`). `time/tokens_per_s` = the rollout's completion tokens / `sampling_seconds` (generation
+    alone, without scoring or log-prob passes), when given.
+    """
     rewards = rollout.rewards
     lengths = rollout.completion_mask.sum(1).float()  # [N]
     truncated = ~torch.isin(rollout.completion_ids, torch.tensor(eos, device=rewards.device)).any(1)  # no EOS
@@ -108,9 +140,15 @@ def rollout_metrics(rollout: RolloutBatch, scores: list[Score], group_size: int,
         "train/reward_std": rewards.std(unbiased=False).item(),
         "train/frac_zero_std_groups": settled_groups(rewards, group_size).float().mean().item(),
         "train/completion_len": lengths.mean().item(),
+        "train/completion_len_min": lengths.min().item(),
+        "train/completion_len_max": lengths.max().item(),
         "train/truncated_frac": truncated.float().mean().item(),
         "train/accuracy": sum(s.correct for s in scores) / len(scores),
     }
     for name in scores[0].components:
+        values = torch.tensor([float(s.components.get(name, 0.0)) for s in scores], dtype=torch.float64)  # [N]
         metrics[f"train/reward_{name}"] = sum(s.components.get(name, 0.0) for s in scores) / len(scores)
+        metrics[f"train/reward_{name}_std"] = values.std(unbiased=False).item()
+    if sampling_seconds is not None and sampling_seconds > 0:
+        metrics["time/tokens_per_s"] = lengths.sum().item() / sampling_seconds
     return metrics
