@@ -27,8 +27,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from llm_pg.callbacks import IterationCheckpoint, progress_bar
 from llm_pg.callbacks.checkpoint import VerifiedCheckpointIO, newest_verified, read_header, verify
-from llm_pg.console import COMMANDS, HELP, silence_known_noise
+from llm_pg.console import silence_known_noise
 from llm_pg.data.datamodule import PromptGroupDataModule
+from llm_pg.entry import is_own, run_own
 from llm_pg.loggers import default_loggers
 from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.run_config import class_defaults, config_changes, plain_config
@@ -272,14 +273,9 @@ def run_cli(args: list[str] | None = None, session: RunSession | None = None) ->
 
 def main(argv: list[str] | None = None) -> None:
     words = sys.argv[1:] if argv is None else list(argv)
-    if not words or words[0] in ("-h", "--help"):
-        print(HELP)
-        sys.exit(0 if words else 2)
+    if is_own(words):  # the help and the project's own commands: the `llm-pg` script answers those itself
+        sys.exit(run_own(words))
     silence_known_noise()
-    if COMMANDS.get(words[0], (None, None))[1]:
-        import importlib
-
-        sys.exit(importlib.import_module(COMMANDS[words[0]][1]).main(words[1:]))
     if "--debug" in words:
         words.remove("--debug")
         os.environ["LLM_PG_DEBUG"] = "1"

@@ -1,8 +1,10 @@
-"""What `llm-pg` prints besides the run's own lines: the top-level help, and the third-party messages it silences.
+"""The third-party messages `llm-pg` silences: each one a user of this trainer cannot act on.
 
-`silence_known_noise` is called once, by the `llm-pg` entry point (`llm_pg.cli.main`). Each filter names one
-message that a user of this trainer cannot act on, by its text (and category or logger): no blanket filter, so any
-other warning, error or log record still shows.
+`silence_known_noise` is called by the commands that load models, after their arguments are parsed:
+`llm_pg.cli.main` (fit, validate) and `eval-tiny` (`pretrain-tiny` turns transformers' bars off itself); never by
+`llm-pg --help` or the other commands (`llm_pg.entry`), since this module imports Lightning and transformers. Each filter names one
+message by its text (and category or logger): no blanket filter, so any other warning, error or log record still
+shows. The top-level help and the command table live in `llm_pg.entry`.
 """
 
 from __future__ import annotations
@@ -13,25 +15,6 @@ import warnings
 
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from transformers.utils import logging as hf_logging
-
-# llm-pg <command>: (what it does, the module whose `main(argv)` runs it; None: LightningCLI's own subcommand)
-COMMANDS: dict[str, tuple[str, str | None]] = {
-    "fit": ("train a policy with RL: llm-pg fit --config configs/tiny/format_copy_grpo.yaml", None),
-    "validate": ("greedy evaluation on the task's eval set: the pre-RL baseline", None),
-    "sweep": ("run a sweep file's runs here, one after another (finished ones skipped)", "llm_pg.sweep"),
-    "report": ("plots, a comparison table and sampled generations from run directories", "llm_pg.report"),
-    "bundle": ("zip the configs, metrics, generations and final weights of runs", "llm_pg.bundle"),
-    "pretrain-tiny": ("remake the bundled tiny CPU model (llm_pg/assets/tiny-chat)", "llm_pg.tiny.pretrain"),
-    "eval-tiny": ("measure the tiny model's base metrics on the tiny tasks", "llm_pg.tiny.evaluate"),
-}
-
-HELP = (
-    "usage: llm-pg <command> [options]      llm-pg <command> --help: the command's options\n\n"
-    "RL fine-tuning of language models from verifiable rewards (GR-REINFORCE, GRPO) on PyTorch Lightning.\n\n"
-    "commands:\n"
-    + "".join(f"  {name:<15}{text}\n" for name, (text, _) in COMMANDS.items())
-    + "\nA config error prints one line and exits 2 (--debug, or LLM_PG_DEBUG=1: the traceback)."
-)
 
 # (message regex, category) of Python warnings that say nothing to a user of this trainer
 WARNINGS: list[tuple[str, type[Warning]]] = [

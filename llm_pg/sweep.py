@@ -43,9 +43,7 @@ from typing import Any
 
 import yaml
 
-from llm_pg.runs import has_contents, is_complete
-
-__all__ = ["Run", "expand", "is_complete", "load_sweep", "main", "outcome", "resume_flag", "select"]
+__all__ = ["Run", "expand", "load_sweep", "main", "outcome", "resume_flag", "select"]
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")  # one path component, safe in a shell and on W&B
 SWEEP_KEYS = {"name", "base", "seeds", "overrides", "runs"}
@@ -102,6 +100,8 @@ def resume_flag(run_dir: str | Path) -> list[str]:
     `llm-pg fit` refuses a fresh start into a run dir that holds files; with `--ckpt_path last` it continues
     from the newest checkpoint that verifies, or starts afresh when the attempt died before its first one.
     """
+    from llm_pg.runs import has_contents  # imports Lightning (seconds): not for `llm-pg sweep --help`
+
     return ["--ckpt_path", "last"] if has_contents(run_dir) else []
 
 
@@ -184,6 +184,8 @@ def main(argv: Sequence[str]) -> int:
     runs = select(expand(spec), _csv(args.seeds, int), _csv(args.only))
     if not runs:
         parser.error(f"--seeds {args.seeds} selects none of the sweep's seeds {spec.get('seeds', [0])}")
+    from llm_pg.runs import is_complete  # imports Lightning (seconds): after the arguments parsed
+
     failed: list[str] = []
     finished = 0
     start = time.perf_counter()

@@ -9,7 +9,8 @@ from lightning.fabric.utilities.warnings import PossibleUserWarning
 from transformers.utils import logging as hf_logging
 
 from llm_pg.cli import LLMPGCLI, main
-from llm_pg.console import COMMANDS, silence_known_noise
+from llm_pg.console import silence_known_noise
+from llm_pg.entry import COMMANDS
 
 OURS = ["fit", "validate", "sweep", "report", "bundle", "pretrain-tiny", "eval-tiny"]
 

@@ -64,11 +64,17 @@ class PolicyGradientModule(L.LightningModule, ABC):
         minibatch_size: rows per forward/backward pass.
         grad_accum_steps: micro-batches whose gradients make one optimizer step.
         kl_coef: weight of the KL penalty; 0 loads and runs no reference model.
-        lr, weight_decay, warmup_steps: AdamW (betas 0.9, 0.95); the learning rate ramps linearly over the first
-            `warmup_steps` RL iterations (`lr * min(1, (iteration + 1) / warmup_steps)`, as in the course).
+        lr: AdamW's peak learning rate (betas 0.9, 0.95).
+        weight_decay: AdamW's decoupled weight decay.
+        warmup_steps: RL iterations over which the learning rate ramps linearly,
+            `lr * min(1, (iteration + 1) / warmup_steps)`, as in the course (0: the full rate at once).
         max_grad_norm: gradient-norm clip per optimizer step.
         adv_clip: advantages are clipped to +-adv_clip after group normalisation.
-        temperature, top_p, max_new_tokens, min_new_tokens, max_prompt_tokens: sampling.
+        temperature: sampling temperature of the rollouts.
+        top_p: nucleus sampling of the rollouts: the smallest set of tokens whose probability reaches top_p (1: off).
+        max_new_tokens: most tokens sampled per completion; a completion that reaches it without EOS is truncated.
+        min_new_tokens: EOS is not sampled before this many completion tokens.
+        max_prompt_tokens: a longer prompt keeps its last this many tokens, with a warning (null: whole prompts).
         logprob_temperature: T in `log_softmax(logits / T)` for pi_theta, pi_old, pi_ref and the entropy. 1.0 (the
             course): the raw model distribution; null: the sampling temperature (TRL). See docs/algorithms.md.
         eval_every: greedy evaluation every this many iterations (and at iteration 0 and the end).
@@ -81,8 +87,9 @@ class PolicyGradientModule(L.LightningModule, ABC):
         loss_aggregation: `seq_mean_token_mean` (course) | `token_mean` | `seq_mean_token_sum_norm`.
         filter_zero_std_groups: drop groups whose rewards are all equal from the update (DAPO dynamic sampling).
         mask_truncated: completions that end without an EOS are left out of the loss (DAPO overlong filtering).
-        eval_samples, eval_temperature: k > 0 also samples k completions per eval prompt at this temperature and
-            logs `eval/pass_at_1` and `eval/pass_at_k`. See docs/algorithms.md, "Variants".
+        eval_samples: k > 0 also samples k completions per eval prompt at `eval_temperature` and logs
+            `eval/pass_at_1` and `eval/pass_at_k` (0: greedy evaluation only). See docs/algorithms.md, "Variants".
+        eval_temperature: sampling temperature of the `eval_samples` completions.
         rollout_engine: `hf` (HF generate with the policy itself) | `vllm` (vLLM colocated in this process, fed the
             policy's weights after every update; `llm-pg[vllm]`). Every rollout and evaluation samples through it.
         vllm_gpu_memory_utilization: share of the GPU vLLM may take (0.3: Qwen2.5-1.5B beside LoRA training on an

@@ -9,6 +9,9 @@ several points between seeds).
 
     python -m llm_pg.tiny.evaluate                      # the committed checkpoint
     python -m llm_pg.tiny.evaluate --model runs/tiny-pretrain/step-1200 --check
+
+torch and transformers (through `llm_pg.generation` and `llm_pg.evaluation`) are imported inside the functions
+that sample, so `llm-pg eval-tiny --help` and the targets import at once.
 """
 
 from __future__ import annotations
@@ -17,14 +20,14 @@ import argparse
 import math
 from collections.abc import Sequence
 from pathlib import Path
-
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from llm_pg.data.tasks import ArithTask, FormatCopyTask
 from llm_pg.data.tasks.base import Task
-from llm_pg.evaluation import pass_at_k
-from llm_pg.generation import generate
 from llm_pg.tiny import TINY_CHAT_DIR
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MAX_NEW_TOKENS = 24  # `<answer>-999</answer>` plus the end-of-turn token is 22 bytes
 PASS_AT = (1, 8)  # the k of the reported pass@k
@@ -54,6 +57,9 @@ def evaluate_task(
     max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> dict[str, float]:
     """Greedy exact match, and T=1 sampled reward, pass@1 and pass@8 (of `num_samples` >= 8 per prompt)."""
+    from llm_pg.evaluation import pass_at_k
+    from llm_pg.generation import generate
+
     if num_samples < max(PASS_AT):
         raise ValueError(f"num_samples must be >= {max(PASS_AT)} for pass@{max(PASS_AT)}, got {num_samples}")
     examples = task.eval_examples
@@ -122,13 +128,27 @@ def format_table(metrics: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def __getattr__(name: str):
+    """`pass_at_k` is `llm_pg.evaluation.pass_at_k`, imported on first use: that module loads torch and Lightning."""
+    if name == "pass_at_k":
+        from llm_pg.evaluation import pass_at_k
+
+        return pass_at_k
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm_pg.tiny.evaluate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="llm-pg eval-tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=TINY_CHAT_DIR, help="checkpoint directory (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=16, help="samples per prompt at T=1 (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="exit with status 1 when a target is missed")
     args = parser.parse_args(argv)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llm_pg.console import silence_known_noise
+
+    silence_known_noise()  # transformers' weight-loading bar
     model = AutoModelForCausalLM.from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     metrics = evaluate_base(model, tokenizer, num_samples=args.samples, seed=args.seed)

@@ -16,6 +16,9 @@ the latest of them is copied to `--out`. The committed checkpoint was made with
 (one thread, because other jobs shared the two cores: 26 minutes; a rerun gave identical weights). With the
 default two threads it took 18.4 minutes on a partly shared 2-core machine (about 0.32 s a step when idle)
 and also met the targets, with slightly different weights.
+
+torch and transformers are imported inside the functions that use them, so `llm-pg pretrain-tiny --help` answers
+at once.
 """
 
 from __future__ import annotations
@@ -27,17 +30,18 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from tqdm.auto import tqdm
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
-from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
-from transformers.utils import logging as hf_logging
 
 from llm_pg.data.tasks.base import Task
 from llm_pg.tiny.demonstrations import demonstration, demonstration_rng
 from llm_pg.tiny.evaluate import evaluate_base, format_table, target_failures, tiny_tasks
 from llm_pg.tiny.tokenizer import ENDOFTEXT, IM_END, build_tokenizer
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100  # label of prompt and padding positions: no loss there
 
@@ -46,6 +50,8 @@ def tiny_config(
     tokenizer: PreTrainedTokenizerBase, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4
 ) -> LlamaConfig:
     """A small Llama over the byte vocabulary; the MLP is ~2.75x wide, as in Llama; embeddings are tied."""
+    from transformers import LlamaConfig
+
     return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -70,6 +76,8 @@ def make_batch(
     padding tokens. No attention mask is needed: with right padding and causal attention no real token
     attends to a pad.
     """
+    import torch
+
     prompts, completions = [], []
     for index in range(start, start + count):
         example = task.train_example(index, seed)
@@ -108,6 +116,8 @@ def save_checkpoint(
 ) -> None:
     """Model (safetensors), tokenizer, generation config (stop at `<|im_end|>` or `<|endoftext|>`) and the
     eval metrics (`metrics.json`), loadable by the Auto classes."""
+    from transformers import GenerationConfig
+
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(ENDOFTEXT)],
         pad_token_id=tokenizer.pad_token_id,
@@ -144,6 +154,9 @@ def train(
     model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, tasks: dict[str, Task], args: argparse.Namespace
 ) -> Path | None:
     """The pretraining loop; returns the latest saved candidate that met the targets (None if none did)."""
+    import torch
+    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+
     num_arith = round(args.batch_size * args.arith_share)
     per_step = [(tasks["format_copy"], args.batch_size - num_arith), (tasks["arith"], num_arith)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
@@ -180,6 +193,10 @@ def train(
 def main(argv: Sequence[str] | None = None) -> int:
     """Train; copy the latest candidate that met the targets to `--out` (status 1 when none did)."""
     args = parse_args(argv)
+    import torch
+    from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
     hf_logging.disable_progress_bar()  # one bar, ours: not one per candidate save
     if args.threads:
         torch.set_num_threads(args.threads)

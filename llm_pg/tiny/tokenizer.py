@@ -13,13 +13,16 @@ The saved `tokenizer_config.json` names `TokenizersBackend` (transformers' gener
 tiny model is a Llama: `AutoTokenizer` maps no tokenizer class of its own to `llama`, so the file reloads
 exactly as saved. (With `model_type: qwen2`, transformers 5 would swap in `Qwen2Tokenizer`, which rebuilds
 Qwen's BPE pre-tokenizer and special tokens around our vocabulary.)
+
+transformers is imported inside `build_tokenizer`, so the token names import at once (`llm-pg pretrain-tiny --help`).
 """
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
-from transformers.convert_slow_tokenizer import bytes_to_unicode
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 ENDOFTEXT = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -37,6 +40,10 @@ CHAT_TEMPLATE = (
 
 def build_tokenizer(model_max_length: int = 256) -> PreTrainedTokenizerFast:
     """The tiny chat tokenizer: 256 byte tokens, then `<|endoftext|>`, `<|pad|>`, `<|im_start|>`, `<|im_end|>`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
     byte_symbols = bytes_to_unicode()  # byte -> printable unicode character, the GPT-2 byte-level alphabet
     vocab = {byte_symbols[b]: b for b in range(256)}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
