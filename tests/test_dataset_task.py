@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from llm_pg.data.tasks import DatasetTask, Example, Score
+from llm_pg.data.tasks import DatasetTask, Example, RewardError
 from llm_pg.data.tasks import dataset as dataset_module
 
 ROWS = [{"question": f"What is {i} cm in mm?", "answer": f" {10 * i} ", "unit": "mm", "id": i} for i in range(20)]
@@ -165,14 +165,13 @@ def test_weights_combine_components_and_the_first_entry_decides_correct(tmp_path
     assert wrong.correct is False and wrong.total == pytest.approx(0.2 + 0.1)  # the tag only
 
 
-def test_user_function_exceptions_and_nan_pass_through(tmp_path, monkeypatch):
+def test_user_function_exceptions_and_nan_are_reward_errors_naming_the_entry(tmp_path, monkeypatch):
     (tmp_path / "bad_rewards.py").write_text(
         "def boom(completion, example):\n    raise KeyError('unit')\n\n"
         "def nan(completion, example):\n    return float('nan')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(KeyError):
+    with pytest.raises(RewardError, match=r"'bad_rewards:boom' raised KeyError: 'unit' \(bad_rewards.py:2 in boom\)"):
         task_on(tmp_path, rewards=["bad_rewards:boom"]).score("c", Example("p", "1"))
-    result = task_on(tmp_path, rewards=["exact", "bad_rewards:nan"]).score("1", Example("p", "1"))
-    assert result.total != result.total and result.components["nan"] != result.components["nan"]
-    assert isinstance(result, Score) and result.correct is True  # the first entry's
+    with pytest.raises(RewardError, match="'bad_rewards:nan' returned nan"):
+        task_on(tmp_path, rewards=["exact", "bad_rewards:nan"]).score("1", Example("p", "1"))

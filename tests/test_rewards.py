@@ -108,13 +108,14 @@ def test_float_results_are_correct_at_one():
     assert reward(1.3) == Score(1.3, True)
     assert reward(1) == Score(1.0, True) and isinstance(reward(1).total, float)
     assert reward(False) == Score(0.0, False)
-    assert math.isnan(reward(float("nan")).total)  # passed on: the rollout's guard stops the run on it
     custom = Score(total=0.4, correct=True, components={"part": 0.4})
     assert reward(custom) == custom  # a Score keeps its own correct
 
 
-@pytest.mark.parametrize("value", [None, "1.0", [1.0], Score(total="1", correct=True)])
-def test_a_result_that_is_no_number_is_a_reward_error_naming_the_function(value):
+@pytest.mark.parametrize(
+    "value", [None, "1.0", [1.0], Score(total="1", correct=True), float("nan"), float("-inf"), Score(math.inf, True)]
+)
+def test_a_result_that_is_no_finite_number_is_a_reward_error_naming_the_function(value):
     with pytest.raises(RewardError) as info:
         Reward("score", "myrewards:score", lambda completion, example: value)("c", Example("p", "1"))
     message = str(info.value)
@@ -153,3 +154,15 @@ def test_a_module_whose_own_import_fails_shows_that_error(tmp_path, monkeypatch)
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
         resolve_rewards(["broken_rewards:score"])
+
+
+def test_a_function_that_raises_is_a_reward_error_naming_it_with_the_cause_kept():
+    def score(completion, example):
+        return {"a": 1}[example.fields["unit"]]
+
+    with pytest.raises(RewardError) as info:
+        Reward("score", "myrewards:score", score)("c", Example("p", "1", {"unit": "mm"}))
+    message = str(info.value)
+    assert message.startswith("reward function 'myrewards:score' raised KeyError: 'mm' (test_rewards.py:")
+    assert "in score)" in message and "\n" not in message
+    assert isinstance(info.value.__cause__, KeyError)

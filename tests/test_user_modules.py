@@ -62,11 +62,15 @@ def test_find_file_looks_beside_the_config_then_in_the_working_directory(tmp_pat
     assert find_file(str(tmp_path / "run" / "both.jsonl")) == str(tmp_path / "run" / "both.jsonl")
 
 
-def write_experiment(folder, reward_module: str, body: str, rows=None) -> str:
-    """A config, its data file and its reward module in `folder`; returns the config's path."""
+def write_experiment(folder, reward_module: str, body: str, split_files: bool = False) -> str:
+    """A config, its data file(s) and its reward module in `folder`; returns the config's path. With `split_files`,
+    train.jsonl rows have `"split": "train"` and test.jsonl rows `"split": "test"`; else one file, rows.jsonl."""
     folder.mkdir()
-    rows = rows or [{"q": n, "n": n} for n in (-41, 7, 512, 90, -3, 66)]
-    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = {"train": [{"q": n, "n": n, "split": "train"} for n in (-41, 7, 512, 90, -3, 66)]}
+    if split_files:
+        rows["test"] = [{"q": n, "n": n, "split": "test"} for n in (5, -6)]
+    for split, items in rows.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items))
     (folder / f"{reward_module}.py").write_text(body)
     config = {
         "model": {"class_path": "llm_pg.modules.GRPOModule", "init_args": {"model_name_or_path": "tiny"}},
@@ -74,7 +78,8 @@ def write_experiment(folder, reward_module: str, body: str, rows=None) -> str:
             "task": {
                 "class_path": "llm_pg.data.tasks.DatasetTask",
                 "init_args": {
-                    "data_files": "rows.jsonl",
+                    "data_files": {split: f"{split}.jsonl" for split in rows},
+                    "eval_split": "test" if split_files else None,
                     "prompt_template": "Copy: {q}",
                     "answer_column": "n",
                     "eval_size": 2,
@@ -115,3 +120,45 @@ def test_a_reward_function_and_data_file_beside_the_config_train_without_pythonp
     parts = float(rows[0]["train/reward_answer_tag"]) + float(rows[0]["train/reward_score"])
     assert total == pytest.approx(parts, abs=1e-6)
     assert (tmp_path / "runs" / "run" / "COMPLETE").exists()
+
+
+TRAIN_ONLY = {  # reward functions that fail on training rows only: the eval at iteration 0 passes
+    "raising_rewards": (
+        "def score(completion, example):\n    return {'test': 1.0}[example.fields['split']]\n",
+        "reward function 'raising_rewards:score' raised KeyError: 'train' (raising_rewards.py:2 in score); row 0 of "
+        "iteration 1 (prompt 'Copy: ",
+    ),
+    "nan_rewards": (
+        "def score(completion, example):\n    return float('nan') if example.fields['split'] == 'train' else 0.0\n",
+        "reward function 'nan_rewards:score' returned nan: rewards must be finite numbers; row 0 of iteration 1",
+    ),
+}
+
+
+def stopped_line(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("llm-pg: run stopped:")]
+
+
+@pytest.mark.parametrize("module", TRAIN_ONLY)
+def test_a_raising_or_nan_reward_function_stops_the_run_in_one_line(tmp_path, capsys, fresh_path, module):
+    (tmp_path / "elsewhere").mkdir()
+    body, expected = TRAIN_ONLY[module]
+    config = write_experiment(tmp_path / "exp", module, body, split_files=True)
+    assert run_llm_pg(tmp_path, config) == 1
+    stopped = stopped_line(capsys)
+    assert len(stopped) == 1 and expected in stopped[0], stopped
+    assert not (tmp_path / "runs" / "run" / "COMPLETE").exists()
+
+
+@pytest.mark.xfail(
+    reason="evaluation (iteration 0) scores outside llm_pg.guards.checked_scores: a RewardError there is a "
+    "traceback, not the one-line stop (the lead's evaluation.py)",
+    strict=True,
+)
+def test_a_reward_function_failing_in_the_first_evaluation_stops_the_run_in_one_line(tmp_path, capsys, fresh_path):
+    (tmp_path / "elsewhere").mkdir()
+    body = "def score(completion, example):\n    return float('nan')\n"
+    config = write_experiment(tmp_path / "exp", "nan_everywhere_rewards", body, split_files=True)
+    assert run_llm_pg(tmp_path, config) == 1
+    stopped = stopped_line(capsys)
+    assert len(stopped) == 1 and "reward function 'nan_everywhere_rewards:score' returned nan" in stopped[0]

@@ -216,7 +216,7 @@ class DatasetTask(Task):
 
     def score(self, completion: str, example: Example) -> Score:
         """`total = sum_i w_i * total_i` over the rewards; components are the weighted parts; `correct` is the
-        first reward's. Exceptions and NaN from a user function propagate (the rollout stops the run)."""
+        first reward's. A user function that raises or returns NaN raises RewardError (the rollout stops the run)."""
         total, components, correct = 0.0, {}, False
         for i, (reward, weight) in enumerate(zip(self.rewards, self.reward_weights, strict=True)):
             result = reward(completion, example)

@@ -14,15 +14,19 @@ An entry is a built-in checker or `"pkg.module:function"`. Every reward is `fn(c
                   with all whitespace deleted from both (a gold that holds a `\\boxed{}` is read the same way)
 
 A user function's float counts as correct when it is at least 1.0 (the top of a 0-1 reward), within 1e-9; a
-function whose maximum is elsewhere returns a `Score` with its own `correct`. A return value that is neither a
-number nor a `Score` raises `RewardError` naming the function; exceptions and non-finite values from a user
-function pass through unchanged (the rollout stops the run on them, naming the row), never silently.
+function whose maximum is elsewhere returns a `Score` with its own `correct`. A function that raises, or returns
+a non-finite value or something that is neither a number nor a `Score`, raises `RewardError` naming the function
+and the value (an exception's type, message and line); the rollout stops the run with it in one line, adding the
+row (`llm_pg.guards`). Nothing is swallowed: the original exception is the `RewardError`'s `__cause__`.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import numbers
+import os
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -82,15 +86,25 @@ class Reward:
     fn: Callable[[str, Example], float | Score]
 
     def __call__(self, completion: str, example: Example) -> Score:
-        """The function's result as a `Score`; a float `v` is `Score(v, v >= 1.0 - 1e-9)`."""
-        value = self.fn(completion, example)
+        """The function's result as a `Score`; a float `v` is `Score(v, v >= 1.0 - 1e-9)`. RewardError when the
+        function raises or returns a non-finite value or no number."""
+        try:
+            value = self.fn(completion, example)
+        except Exception as err:  # reported with the function's name (the rollout adds the row), not swallowed
+            frame = traceback.extract_tb(err.__traceback__)[-1]
+            raise RewardError(
+                f"reward function '{self.entry}' raised {type(err).__name__}: {err} "
+                f"({os.path.basename(frame.filename)}:{frame.lineno} in {frame.name})"
+            ) from err
         total = value.total if isinstance(value, Score) else value
-        if not isinstance(total, numbers.Real):  # int, float, bool and numpy scalars pass; so does NaN
+        if not isinstance(total, numbers.Real):  # int, float, bool and numpy scalars
             shown = f"a Score with total {total!r}" if isinstance(value, Score) else repr(value)
             raise RewardError(
                 f"reward function '{self.entry}' returned {shown} ({type(total).__name__}): return a float "
                 "or an llm_pg.data.tasks.Score"
             )
+        if not math.isfinite(total):
+            raise RewardError(f"reward function '{self.entry}' returned {total!r}: rewards must be finite numbers")
         if isinstance(value, Score):
             return Score(total=float(total), correct=bool(value.correct), components=value.components)
         return Score(total=float(total), correct=float(total) >= CORRECT_AT - _TOLERANCE)
