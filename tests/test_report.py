@@ -331,8 +331,26 @@ def test_report_of_real_runs_writes_pngs_and_a_table_matching_the_csvs(swept, tm
         row = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
         assert [c.strip() for c in row.split("|")[1:-1]] == expected
         first = json.loads((runs / f"{label}_seed0" / "generations.jsonl").read_text().splitlines()[0])
-        assert f"| {first['reward']:.2f} | {first['advantage']:+.2f} |" in text
+        correct = "yes" if first["correct"] else "no"
+        truncated = "yes" if first["truncated"] else "no"
+        assert f"| {correct} | {first['advantage']:+.2f} | {first['length']} | {truncated} |" in text
     assert "![overview](overview.png)" in text and "## Sampled generations" in text
+    assert "## Eval completions" in text and "Evaluation at iteration 3" in text
+
+
+def test_real_runs_log_the_new_metrics_every_iteration_and_full_generation_rows(swept):
+    run = swept / "runs" / "mini" / "base_seed0"
+    train = [r for r in csv_rows(run) if "train/reward" in r]
+    assert len(train) == 3
+    for row in train:
+        assert row["train/completion_len_min"] <= row["train/completion_len"] <= row["train/completion_len_max"]
+        assert row["train/clip_fraction_low"] + row["train/clip_fraction_high"] == pytest.approx(
+            row["train/clip_fraction"], abs=1e-6
+        )
+        assert row["time/tokens_per_s"] > 0 and row["train/advantage_abs_mean"] >= 0
+        assert 0 <= row["train/truncated_frac"] <= 1 and "memory/peak_gb" not in row  # a CPU run
+    generations = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
+    assert {"iteration", "answer", "correct", "length", "truncated", "advantage"} <= set(generations[0])
 
 
 def test_sweep_again_skips_the_finished_runs(swept, capsys):

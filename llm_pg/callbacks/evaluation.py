@@ -9,6 +9,7 @@ import time
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import WandbLogger
 
 from llm_pg.evaluation import evaluate
 from llm_pg.runs import run_dir
@@ -17,7 +18,8 @@ from llm_pg.strategies import unsharded
 
 class EvalCallback(Callback):
     """Logs `eval/<metric>` (exact_match, format fractions, ...) and writes the eval completions to
-    `<run dir>/eval/iter_XXXXX.jsonl`."""
+    `<run dir>/eval/iter_XXXXX.jsonl` and, with a W&B logger, to the table `eval_completions` (iteration, prompt,
+    gold answer, greedy completion, reward, correct)."""
 
     def __init__(self) -> None:
         self.last_evaluated: int | None = None
@@ -50,8 +52,14 @@ class EvalCallback(Callback):
             logger.save()
         out = run_dir(trainer) / "eval" / f"iter_{module.iteration:05d}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
+        rows = []
         with out.open("w") as f:
             for example, completion in zip(task.eval_examples, completions, strict=True):
                 score = task.score(completion, example)
                 row = {"prompt": example.prompt, "answer": example.answer, "completion": completion}
-                f.write(json.dumps(row | {"reward": score.total, "correct": score.correct}) + "\n")
+                rows.append(row | {"reward": score.total, "correct": score.correct})
+                f.write(json.dumps(rows[-1]) + "\n")
+        for logger in trainer.loggers:  # every completion, as the file: the eval set is what EM is measured on
+            if isinstance(logger, WandbLogger) and rows:
+                data = [[module.iteration, *row.values()] for row in rows]
+                logger.log_table("eval_completions", columns=["iteration", *rows[0]], data=data, step=module.iteration)

@@ -1,4 +1,4 @@
-"""Sampled rollout completions with their rewards and advantages: a W&B table and a JSONL file."""
+"""Sampled rollout completions with their gold answer, rewards and advantages: a W&B table and a JSONL file."""
 
 from __future__ import annotations
 
@@ -9,42 +9,76 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from llm_pg.data.tasks.base import Example, Score
+from llm_pg.generation import eos_token_ids
+from llm_pg.losses import completion_mask
+from llm_pg.rollout import RolloutBatch
 from llm_pg.runs import run_dir
 
-COLUMNS = ["iteration", "prompt", "completion", "reward", "advantage", "components"]
+# `iteration` first: `llm_pg.runs.trim_logs` reads it to drop the rows a resume replays.
+LEADING = ["iteration", "prompt", "answer", "completion", "reward"]
+TRAILING = ["correct", "advantage", "length", "truncated"]
+
+
+def table_rows(
+    iteration: int,
+    rollout: RolloutBatch,
+    scores: list[Score],
+    examples: list[Example],
+    eos: list[int],
+    group_size: int,
+    max_rows: int,
+) -> tuple[list[str], list[list]]:
+    """The columns and rows of one iteration's table: the first whole groups of the rollout, as many as fit in
+    `max_rows` (at least one group).
+
+    Per completion: the prompt and its gold answer, the completion text, its reward and one `reward_<component>`
+    column per reward term, `correct`, the advantage the update used, `length` (completion tokens up to and
+    including the first EOS, whatever `mask_truncated` did to the mask) and `truncated` (no EOS: it reached
+    `max_new_tokens`)."""
+    count = min(len(rollout), max(group_size, max_rows // group_size * group_size))
+    ids = rollout.completion_ids[:count]  # [n, C]
+    lengths = completion_mask(ids, eos).sum(1).tolist()  # [n]
+    has_eos = [any(token in eos for token in row) for row in ids.tolist()]
+    components = list(scores[0].components) if scores else []
+    columns = LEADING + [f"reward_{name}" for name in components] + TRAILING
+    rows = []
+    for i in range(count):
+        example = examples[rollout.prompt_index[i]]
+        score = scores[i]
+        rows.append(
+            [iteration, example.prompt, example.answer, rollout.texts[i], float(rollout.rewards[i])]
+            + [float(score.components.get(name, 0.0)) for name in components]
+            + [bool(score.correct), float(rollout.advantages[i]), int(lengths[i]), not has_eos[i]]
+        )
+    return columns, rows
 
 
 class GenerationsCallback(Callback):
-    """Every `log_generations_every` iterations, logs the first `rows` completions of the rollout (whole
-    groups, so advantages can be read against their group) to `<run dir>/generations.jsonl` and, with a
-    W&B logger, as the table `generations`."""
-
-    def __init__(self, rows: int = 12) -> None:
-        self.rows = rows
+    """Every `log_generations_every` iterations, logs whole groups of the rollout, at most `log_generations_rows`
+    rows (so advantages can be read against their group), to `<run dir>/generations.jsonl` and, with a W&B logger,
+    as the table `generations` (`table_rows` gives the columns)."""
 
     @rank_zero_only
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        every = module.hparams.log_generations_every
+        hp = module.hparams
         iteration = module.iteration - 1  # the iteration this batch was sampled for
-        if every <= 0 or iteration % every != 0:
+        if hp.log_generations_every <= 0 or iteration % hp.log_generations_every != 0 or not len(batch["rollout"]):
             return
-        rollout, scores, examples = batch["rollout"], batch["scores"], batch["examples"]
-        table = [
-            [
-                iteration,
-                examples[rollout.prompt_index[i]].prompt,
-                rollout.texts[i],
-                float(rollout.rewards[i]),
-                float(rollout.advantages[i]),
-                json.dumps(dict(scores[i].components)),
-            ]
-            for i in range(min(self.rows, len(rollout)))
-        ]
+        columns, table = table_rows(
+            iteration,
+            batch["rollout"],
+            batch["scores"],
+            batch["examples"],
+            eos_token_ids(module.policy, module.tokenizer),
+            hp.group_size,
+            hp.log_generations_rows,
+        )
         path = run_dir(trainer) / "generations.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             for row in table:
-                f.write(json.dumps(dict(zip(COLUMNS, row, strict=True))) + "\n")
+                f.write(json.dumps(dict(zip(columns, row, strict=True))) + "\n")
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                logger.log_table("generations", columns=COLUMNS, data=table, step=module.iteration)
+                logger.log_table("generations", columns=columns, data=table, step=module.iteration)

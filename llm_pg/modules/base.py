@@ -83,6 +83,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         share_prompt_prefix: run each distinct prompt of a forward once and its completions on its cached keys and
             values (`llm_pg.modules.logprobs`): the same log-probs and gradients up to float rounding, fewer tokens.
         log_generations_every: iterations between sampled-completion tables (0: never).
+        log_generations_rows: rows per sampled-completion table, in whole prompt groups (at least one group).
         advantage: estimator `grpo` (course) | `dr_grpo` | `rloo` | `reinforce_pp`; `adv_clip` applies after it.
         loss_aggregation: `seq_mean_token_mean` (course) | `token_mean` | `seq_mean_token_sum_norm`.
         filter_zero_std_groups: drop groups whose rewards are all equal from the update (DAPO dynamic sampling).
@@ -130,6 +131,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         logprob_batch_size: int = 32,
         share_prompt_prefix: bool = True,
         log_generations_every: int = 10,
+        log_generations_rows: int = 24,
         advantage: str = "grpo",
         loss_aggregation: str = "seq_mean_token_mean",
         filter_zero_std_groups: bool = False,

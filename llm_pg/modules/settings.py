@@ -65,6 +65,9 @@ def check_settings(hp: dict[str, Any]) -> None:
         _at_least("eval_max_new_tokens", hp["eval_max_new_tokens"], 1, "null uses max_new_tokens")
     _at_least("logprob_batch_size", hp["logprob_batch_size"], 1, "rows per no-grad forward pass")
     _at_least("log_generations_every", hp["log_generations_every"], 0, "0 logs no completion tables")
+    table_rows = hp["log_generations_rows"]
+    if not (isinstance(table_rows, int) and not isinstance(table_rows, bool) and table_rows >= 1):
+        _fail("log_generations_rows", "an integer >= 1", table_rows, "rows per completion table, in whole prompt groups")
     if not (isinstance(hp["seed"], int) and hp["seed"] >= 0):
         _fail("seed", ">= 0", hp["seed"], "set the top-level `seed` to a non-negative integer")
     if hp["logprob_temperature"] is not None:
