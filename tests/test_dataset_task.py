@@ -175,3 +175,18 @@ def test_user_function_exceptions_and_nan_are_reward_errors_naming_the_entry(tmp
         task_on(tmp_path, rewards=["bad_rewards:boom"]).score("c", Example("p", "1"))
     with pytest.raises(RewardError, match="'bad_rewards:nan' returned nan"):
         task_on(tmp_path, rewards=["exact", "bad_rewards:nan"]).score("1", Example("p", "1"))
+
+
+def test_eval_metrics_are_the_first_entrys_exact_match_and_each_entrys_mean(tmp_path):
+    task = task_on(tmp_path, prompt_column="question", rewards=["answer_tag", "exact"], reward_weights=[1.0, 0.5])
+    examples = [Example("p", "30"), Example("p", "30"), Example("p", "7")]
+    completions = ["<answer>30</answer>", "<answer>30</answer> mm", "7"]  # 1.3 + 0.5, 1.2 + 0.5, 0 + 0.5
+    metrics = task.eval_metrics(completions, examples)
+    assert metrics == pytest.approx(
+        {
+            "exact_match": 2 / 3,
+            "reward": (1.8 + 1.7 + 0.5) / 3,
+            "reward_answer_tag": (1.3 + 1.2) / 3,
+            "reward_exact": 0.5,
+        }
+    )

@@ -60,6 +60,21 @@ class DatasetTask(Task):
     (neither: the column `prompt`). Data loads in `prepare()` (or on first use), not in `__init__`; missing
     files and columns, unreadable files and empty splits are one-line ValueErrors naming the file or column.
     The training stream walks the train rows in a fresh seeded permutation per epoch, as math_hard does.
+
+    Args:
+        dataset: a hub id, a local directory, or a builder reading data_files: json, csv, parquet.
+        data_files: a path, a list of paths, or a mapping split -> path(s); relative paths beside the config.
+        config_name: the hub dataset's configuration (subset), if it has several.
+        train_split: the split to train on.
+        eval_split: the split to evaluate on (its first eval_size rows); null: a seeded held-out slice of train.
+        prompt_column: the column holding the user turn (default `prompt` when no prompt_template).
+        prompt_template: the user turn with {column} placeholders, e.g. "Solve: {question}"; braces as {{ }}.
+        answer_column: the column holding the gold answer (read as a stripped string).
+        system_prompt: a system turn before every prompt, or null.
+        eval_size: eval rows (held out of training when eval_split is null).
+        eval_seed: the held-out slice's seed; null: the run's seed.
+        rewards: built-in names (boxed_number, answer_tag, exact, boxed_exact) or "module:function" entries.
+        reward_weights: one weight per reward (default 1.0 each); total = sum of weight x reward.
     """
 
     name = "dataset"
@@ -224,3 +239,12 @@ class DatasetTask(Task):
             total += weight * result.total
             correct = result.correct if i == 0 else correct
         return Score(total=total, correct=bool(correct), components=components)
+
+    def eval_metrics(self, completions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
+        """`exact_match` (the first reward's correct), the mean `reward` and each entry's mean `reward_<name>`."""
+        scores = [self.score(c, e) for c, e in zip(completions, examples, strict=True)]
+        n = max(len(scores), 1)
+        metrics = {"exact_match": sum(s.correct for s in scores) / n, "reward": sum(s.total for s in scores) / n}
+        for name in self.components:
+            metrics[f"reward_{name}"] = sum(s.components[name] for s in scores) / n
+        return metrics

@@ -4,8 +4,8 @@ Needs the optional extra: `pip install -e ".[reasoning]"` (the dev extra, which 
 Everything is generated on this machine: no network.
 
 - Items: `reasoning_gym.create_dataset(dataset, seed=..., size=..., **dataset_config)`, whose item `i` is a pure
-  function of the dataset seed and `i` (reasoning-gym draws it from `Random(seed + i)`). The run's seed `s` gives
-  a base `b = random.Random(f"reasoning_gym:{s}").randrange(2**30)`: train example `i` is item `i % train_size`
+  function of the dataset seed and `i` (most of its datasets draw it from `Random(seed + i)`). The run's seed `s`
+  gives a base `b = random.Random(f"reasoning_gym:{s}").randrange(2**30)`: train example `i` is item `i % train_size`
   of the dataset seeded `b`; the eval set is items `0..eval_size-1` of the dataset seeded `eval_seed`, else
   `b + train_size`, so under that convention no eval item shares a generator seed with a train item.
 - Answer: the stripped content of the last `<answer>...</answer>` (case-sensitive), as reasoning-gym's
@@ -62,6 +62,17 @@ class ReasoningGymTask(Task):
     `system_prompt` is one of reasoning-gym's prompt names (`default`, `simple`, `direct`, `DeepSeekZero`,
     `chain_of_draft`: they ask for `<answer>` tags), your own text, or null. In `prompt_template` the literal
     `{question}` is replaced by the item's question. `Example.fields` holds the item's `question` and `metadata`.
+
+    Args:
+        dataset: a reasoning-gym dataset name, e.g. basic_arithmetic, chain_sum, leg_counting.
+        dataset_config: the dataset's own settings (its config dataclass's fields), e.g. {max_terms: 2}.
+        system_prompt: a reasoning-gym prompt name (default, simple, direct, DeepSeekZero, chain_of_draft),
+            your own text, or null.
+        prompt_template: the user turn; the literal {question} is replaced by the item's question.
+        eval_size: eval items.
+        eval_seed: the eval set's dataset seed; null: derived from the run's seed.
+        train_size: distinct training items before the stream repeats.
+        max_answer_chars: longer answers score 0 without calling the dataset's scorer.
     """
 
     name = "reasoning_gym"
