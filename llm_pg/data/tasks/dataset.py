@@ -19,6 +19,8 @@ training. Otherwise it is the first `eval_size` rows of `eval_split`, in file or
 
 from __future__ import annotations
 
+import glob
+import os
 import random
 import string
 from collections.abc import Mapping, Sequence
@@ -123,8 +125,11 @@ class DatasetTask(Task):
         if isinstance(value, Mapping):
             return {split: self._files(paths) for split, paths in value.items()}
         if isinstance(value, str):
-            found = find_file(value)
-            if found is None and self.dataset in LOCAL_BUILDERS and not any(c in value for c in "*?["):
+            if any(c in value for c in "*?["):  # a pattern: the first directory where it matches a file
+                found = next((os.path.join(d, value) for d in lookup_dirs() if glob.glob(os.path.join(d, value))), None)
+            else:
+                found = find_file(value)
+            if found is None and self.dataset in LOCAL_BUILDERS:
                 raise ValueError(f"DatasetTask data file '{value}' not found (looked in {', '.join(lookup_dirs())})")
             return value if found is None else found
         return None if value is None else [self._files(path) for path in value]
