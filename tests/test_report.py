@@ -356,3 +356,18 @@ def test_real_runs_log_the_new_metrics_every_iteration_and_full_generation_rows(
 def test_sweep_again_skips_the_finished_runs(swept, capsys):
     assert sweep.main([str(swept / "mini.yaml"), "--runs_root", str(swept / "runs")]) == 0
     assert capsys.readouterr().out.count("(done, skipped)") == 2
+
+
+def test_every_table_of_report_md_renders(tmp_path):
+    from test_docs import problems
+
+    for name, em in [("reference_seed0", 0.9), ("reference_seed1", 1.0), ("x_seed0", 0.2), ("x_seed1", 0.3)]:
+        fake_run(tmp_path / "sweep" / name, em=[0.1, em], reward=[1.0, 1.0])
+        row = {"iteration": 0, "prompt": "Copy: 7 | 8", "answer": "7", "completion": "<answer>7</answer>\n"}
+        row |= {"reward": 1.3, "reward_tags": 0.2, "correct": True, "advantage": 0.5, "length": 9, "truncated": False}
+        (tmp_path / "sweep" / name / "generations.jsonl").write_text(json.dumps(row) + "\n")
+        (tmp_path / "sweep" / name / "eval").mkdir()
+        (tmp_path / "sweep" / name / "eval" / "iter_00002.jsonl").write_text(json.dumps(row) + "\n")
+    report_md, _ = report.write_report([tmp_path / "sweep"], tmp_path / "out")
+    text = report_md.read_text()
+    assert text.count("|---|") >= 6 and problems(text) == []

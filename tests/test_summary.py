@@ -89,3 +89,43 @@ def test_summary_of_a_resumed_run_covers_every_iteration(tmp_path):
     assert numbers["eval_per_iteration"] == pytest.approx(2.0 / 6)
     line = summary_lines(numbers, run, None, None)[0]
     assert line == "llm-pg: 6 iterations in 14.0 s: 2.33 s each (rollout 1.20, update 0.60, eval 0.33, other 0.20)"
+
+
+# ---- the progress line's last print matches the summary ----------------------------------------------------
+
+
+def _trainer_and_module(iteration: int, total: int):
+    from types import SimpleNamespace
+
+    # What training_step logged for the progress bar: its `eval_em` is the evaluation before this iteration's end.
+    trainer = SimpleNamespace(loggers=[], progress_bar_metrics={"reward": 1.3, "eval_em": 0.375})
+    module = SimpleNamespace(iteration=iteration, hparams=SimpleNamespace(iterations=total), latest_eval={})
+    return trainer, module
+
+
+def test_the_last_plain_line_shows_the_final_evaluation(capsys):
+    from llm_pg.callbacks.progress import IterationLines
+
+    lines = IterationLines(every_s=3600.0)
+    trainer, module = _trainer_and_module(iteration=0, total=4)
+    lines.on_train_start(trainer, module)
+    module.iteration, module.latest_eval = 4, {"exact_match": 0.375}
+    lines.on_train_batch_end(trainer, module, None, None, 3)  # the bar's hook runs before the eval callback's
+    module.latest_eval = {"exact_match": 1.0}  # EvalCallback: the evaluation that ends iteration 4
+    lines.on_fit_end(trainer, module)  # after every callback's on_train_end
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iteration ")]
+    assert len(printed) == 1 and printed[0].startswith("iteration 4/4 (100%)")
+    assert printed[0].endswith("reward 1.300  eval_em 1.000")
+
+
+def test_the_rich_bar_ends_on_the_final_evaluation(monkeypatch):
+    from llm_pg.callbacks.progress import IterationProgressBar
+
+    bar = IterationProgressBar()
+    trainer, module = _trainer_and_module(iteration=4, total=4)
+    module.latest_eval = {"exact_match": 0.875}
+    assert bar.get_metrics(trainer, module) == {"reward": 1.3, "eval_em": 0.875}
+    shown = []
+    monkeypatch.setattr(bar, "_update_metrics", lambda t, m: shown.append(bar.get_metrics(t, m)))
+    bar.on_fit_end(trainer, module)
+    assert shown == [{"reward": 1.3, "eval_em": 0.875}]

@@ -3,6 +3,11 @@
 In a terminal a rich bar (`IterationProgressBar`); where stdout is not a terminal (Modal's logs, CI, `| tee`: a bar
 would be drawn once, at the end), plain lines (`IterationLines`), one at most every `LINE_EVERY_S` seconds.
 `progress_bar()` picks the one that fits.
+
+Both show `eval_em` from the latest evaluation (`latest_eval`), and both show their last values once the fit has
+ended (`on_fit_end`, after every callback's `on_train_end`): the evaluation that ends the last iteration runs after
+the bar's own end-of-iteration hook, and the final one, when the last iteration is not an `eval_every` multiple,
+at the end of training. So the last figures are the ones the summary below them prints.
 """
 
 from __future__ import annotations
@@ -61,7 +66,11 @@ class IterationProgressBar(RichProgressBar):
     def get_metrics(self, trainer: L.Trainer, module: L.LightningModule) -> dict:
         metrics = super().get_metrics(trainer, module)
         metrics.pop("v_num", None)  # the W&B run id's tail: says nothing while training
-        return metrics
+        return with_latest_eval(metrics, module)
+
+    def on_fit_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self._update_metrics(trainer, module)  # the final evaluation ran after the last iteration's update
+        self.refresh()
 
 
 class IterationLines(ProgressBar):
@@ -79,6 +88,7 @@ class IterationLines(ProgressBar):
         self.every_s = LINE_EVERY_S if every_s is None else every_s
         self.enabled = True
         self._start, self._last, self._first = 0.0, 0.0, 0
+        self._final_pending = False  # the last iteration's line waits for the final evaluation (`on_fit_end`)
 
     def disable(self) -> None:
         self.enabled = False
@@ -93,15 +103,34 @@ class IterationLines(ProgressBar):
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         now, total = time.monotonic(), module.hparams.iterations
         done = min(module.iteration, total)
-        if not self.enabled or (now - self._last < self.every_s and done < total):
+        self._final_pending = self.enabled and done >= total
+        if not self.enabled or self._final_pending or now - self._last < self.every_s:
             return
+        self._print(trainer, module)
+
+    def on_fit_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if self._final_pending:
+            self._final_pending = False
+            self._print(trainer, module)
+
+    def _print(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        now, total = time.monotonic(), module.hparams.iterations
+        done = min(module.iteration, total)
         self._last = now
         per_iteration = (now - self._start) / max(done - self._first, 1)
-        shown = {k: v for k, v in self.get_metrics(trainer, module).items() if k != "v_num"}
+        shown = with_latest_eval({k: v for k, v in self.get_metrics(trainer, module).items() if k != "v_num"}, module)
         values = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
         line = f"iteration {done}/{total} ({100 * done // max(total, 1)}%)  {per_iteration:.2f} s/it  "
         line += f"elapsed {_clock(now - self._start)}  ETA {_clock(per_iteration * (total - done))}  {values}"
         print(line.rstrip(), flush=True)
+
+
+def with_latest_eval(metrics: dict, module: L.LightningModule) -> dict:
+    """`metrics` with `eval_em` = the latest evaluation's exact match (`module.latest_eval`), when there is one:
+    `training_step` logs `eval_em` before the evaluation that ends its iteration, so that value lags by one."""
+    if "exact_match" in module.latest_eval:
+        metrics["eval_em"] = float(module.latest_eval["exact_match"])
+    return metrics
 
 
 def _clock(seconds: float) -> str:
