@@ -129,6 +129,11 @@ def test_data_problems_are_one_line_errors_naming_file_or_column(tmp_path, conte
     assert ("rows.jsonl" in text or "missing.jsonl" in text) or "data_files" in text
 
 
+def test_a_file_builder_without_data_files_is_one_line():
+    with pytest.raises(ValueError, match="dataset 'csv' reads data_files: give e"):
+        DatasetTask(dataset="csv").prepare()
+
+
 def test_template_problems_are_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match="literal braces"):
         task_on(tmp_path, prompt_template="Solve {question")

@@ -144,6 +144,10 @@ class DatasetTask(Task):
     @cached_property
     def _rows(self) -> dict[str, list[Example]]:
         """Every split this task reads, as examples in file order (loaded once)."""
+        if self.data_files is None and self.dataset in LOCAL_BUILDERS:
+            raise ValueError(
+                f"DatasetTask: dataset '{self.dataset}' reads data_files: give e.g. data_files: rows.jsonl"
+            )
         files = self._files(self.data_files)
         splits = [self.train_split] + ([self.eval_split] if self.eval_split not in (None, self.train_split) else [])
         if isinstance(files, Mapping):
