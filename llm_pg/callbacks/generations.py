@@ -47,7 +47,7 @@ def table_rows(
         example = examples[rollout.prompt_index[i]]
         score = scores[i]
         rows.append(
-            [iteration, example.prompt, example.answer, rollout.texts[i], float(rollout.rewards[i])]
+            [iteration, example.prompt, example.answer, rollout.texts[i], float(score.total)]  # the task's value
             + [float(score.components.get(name, 0.0)) for name in components]
             + [bool(score.correct), float(rollout.advantages[i]), int(lengths[i]), not has_eos[i]]
         )
