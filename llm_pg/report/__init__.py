@@ -1,6 +1,9 @@
 """`llm-pg report RUN_DIR... [--out DIR]`: plots, a comparison table and sampled generations from run directories.
 
-Reads only what every run writes (`metrics.csv`, `generations.jsonl`), so it needs no W&B. Runs whose names
+Reads only what every run writes (`metrics.csv`, `generations.jsonl`, `eval/iter_XXXXX.jsonl`, `config.yaml`), so
+it needs no W&B. A run directory is untrusted input: a file that is not as the trainer writes it (a row cut short, a
+field of the wrong type, a step that is no iteration, a config that is not a safe YAML mapping) makes that run
+damaged, skipped with one line naming the file and line, and the others are still reported. Runs whose names
 differ only by a `_seed<N>` suffix are one group: a line for the mean over seeds and a band from the lowest to
 the highest seed. Writes into `--out`:
 
