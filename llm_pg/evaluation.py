@@ -39,11 +39,24 @@ def _rank_and_world_size() -> tuple[int, int]:
     return 0, 1
 
 
+def prompts_per_call(module: L.LightningModule, num_prompts: int, samples: int = 1) -> int:
+    """Prompts per generate call of an evaluation: `eval_batch_size` rows (`samples` per prompt) when set; else all
+    `num_prompts` with vLLM, which schedules its own batches (one call for the whole set), and `logprob_batch_size`
+    rows with HF, whose memory grows with the rows of a call."""
+    hp = module.hparams
+    rows = hp.eval_batch_size
+    if rows is None:
+        if hp.rollout_engine == "vllm":
+            return max(num_prompts, 1)
+        rows = hp.logprob_batch_size
+    return max(1, rows // samples)
+
+
 def _sampled_sums(module: L.LightningModule, task: Task, examples: Sequence[Example], rank: int) -> dict[str, float]:
     """Sums over `examples` of per-prompt pass@1 and pass@k from `eval_samples` completions each."""
     hp = module.hparams
     k = hp.eval_samples
-    per_call = max(1, hp.logprob_batch_size // k)  # prompts per generate call: about logprob_batch_size rows
+    per_call = prompts_per_call(module, len(examples), k)
     sums = {"pass_at_1": 0.0, "pass_at_k": 0.0}
     for start in range(0, len(examples), per_call):
         batch = list(examples[start : start + per_call])
@@ -71,8 +84,9 @@ def _evaluate_shard(
     hp = module.hparams
     sums: dict[str, float] = {}
     completions: list[str] = []
-    for start in range(0, len(examples), hp.logprob_batch_size):
-        batch = list(examples[start : start + hp.logprob_batch_size])
+    per_call = prompts_per_call(module, len(examples))
+    for start in range(0, len(examples), per_call):
+        batch = list(examples[start : start + per_call])
         texts = module.engine.generate(  # the rollout engine (HF or vLLM), greedy
             [task.messages(e) for e in batch],
             greedy=True,

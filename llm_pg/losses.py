@@ -7,6 +7,7 @@ the losses in completion space `[B, C]`. See docs/algorithms.md for the derivati
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -225,6 +226,15 @@ def _kl_term(
     return kl_coef * kl, kl
 
 
+def truncated_is_weight(old_logp: Tensor, sampler_logp: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling against the rollout engine (TIS; Yao et al., 2025, "Your efficient RL framework
+    secretly brings you off-policy RL training"): `w_t = min(exp(old_logp_t - sampler_logp_t), cap)`, `[B, C]`, no
+    grad. `sampler_logp` is the engine's own log-prob of the token it sampled, `old_logp` the trainer's pi_old of it:
+    the weight corrects the policy-gradient term for tokens the sampler drew more or less often than pi_old would.
+    Computed as `exp(min(d, log cap))`, which cannot overflow."""
+    return torch.exp((old_logp - sampler_logp).clamp(max=math.log(cap))).detach()
+
+
 def reinforce_loss(
     logp: Tensor,
     mask: Tensor,
@@ -235,6 +245,7 @@ def reinforce_loss(
     max_new_tokens: int | None = None,
     num_tokens: float | Tensor | None = None,
     split_tokens: Tensor | None = None,
+    tis_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GR-REINFORCE: `loss = -aggregate(A_i * logp_it) + kl_coef * tokmean(approx_kl)`.
 
@@ -248,15 +259,20 @@ def reinforce_loss(
         ref_logp: `[B, C]` log pi_ref, or None for no KL term.
         aggregation, max_new_tokens, num_tokens: see `aggregate`.
         split_tokens: `[B]`, see `micro_batch_mean` (None: this micro-batch's token means).
+        tis_weight: `[B, C]` truncated importance weights (`truncated_is_weight`), multiplying each token's
+            policy-gradient term, `A_i * w_it * logp_it`; the KL term is not weighted. None: weight 1 (the course).
 
     Returns:
         The scalar loss and detached stats `policy_loss`, `kl`.
     """
+    kl_logp = logp
+    if tis_weight is not None:
+        logp = tis_weight * logp
     if aggregation == "seq_mean_token_mean":  # the same value, in the course's order of operations
         policy_loss = -(advantages * masked_mean(logp, mask, dim=1)).mean()
     else:
         policy_loss = -aggregate(advantages.unsqueeze(1) * logp, mask, aggregation, max_new_tokens, num_tokens)
-    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
+    kl_loss, kl = _kl_term(kl_logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
     return policy_loss + kl_loss, {"policy_loss": policy_loss.detach(), "kl": kl.detach()}
 
 
@@ -274,6 +290,7 @@ def grpo_loss(
     max_new_tokens: int | None = None,
     num_tokens: float | Tensor | None = None,
     split_tokens: Tensor | None = None,
+    tis_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO's clipped surrogate:
 
@@ -288,6 +305,8 @@ def grpo_loss(
         mask: `[B, C]`; advantages: `[B]`; ref_logp: `[B, C]` or None.
         aggregation, max_new_tokens, num_tokens: see `aggregate`.
         split_tokens: `[B]`, see `micro_batch_mean` (None: this micro-batch's token means).
+        tis_weight: `[B, C]` truncated importance weights (`truncated_is_weight`) multiplying each token's clipped
+            surrogate, `w_it * min(rho A, clip(rho) A)`; the KL term is not weighted. None: weight 1 (the course).
 
     Returns:
         The scalar loss and detached stats `policy_loss`, `kl`, `clip_fraction` (share of completion
@@ -303,6 +322,8 @@ def grpo_loss(
     rho = torch.exp(log_ratio)
     adv = advantages.unsqueeze(1)  # [B, 1]
     surrogate = torch.minimum(rho * adv, rho.clamp(1.0 - clip_eps, 1.0 + high) * adv)
+    if tis_weight is not None:
+        surrogate = tis_weight * surrogate
     policy_loss = -aggregate(surrogate, mask, aggregation, max_new_tokens, num_tokens)
     kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
     clipped_high = (rho > 1.0 + high) & (adv > 0)  # [B, C]: the ratio rose past the upper clip on a good row

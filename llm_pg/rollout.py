@@ -36,7 +36,7 @@ class RolloutBatch:
     old_logp: Tensor | None = None  # [N, C] float32, log pi_old at `logprob_temperature` (GRPO)
     ref_logp: Tensor | None = None  # [N, C] float32, log pi_ref (only when kl_coef > 0)
     # [N, C] float32, the rollout engine's own log-prob of each sampled token (vLLM; None with HF), 0 on padding:
-    # compared with the trainer's pi_old for `rollout/logprob_mismatch_*`, never used in the loss
+    # compared with the trainer's pi_old for `rollout/logprob_mismatch_*`; in the loss only through `tis_cap`
     sampled_logp: Tensor | None = None
     # [N] float32, set by the update when its forwards group the rows otherwise than its micro-batches: the completion
     # tokens of each row's micro-batch, over which the loss's token means are taken (`losses.micro_batch_mean`)

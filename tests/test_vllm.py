@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 from llm_pg.callbacks.rollout import RolloutCallback
 from llm_pg.cli import run_cli
 from llm_pg.data.tasks import Example, FormatCopyTask
-from llm_pg.engines import HFEngine, logprob_mismatch
+from llm_pg.engines import HFEngine, logprob_mismatch, tis_metrics, tis_weight
 from llm_pg.engines.vllm import VLLMEngine, VLLMGeneration, policy_weights, vllm_logprobs_mode
 from llm_pg.generation import eos_token_ids, generate
 from llm_pg.losses import completion_mask, token_logprobs
@@ -298,3 +298,99 @@ def test_rollout_batch_from_vllm_has_hfs_shapes_and_masks():
     mismatch = logprob_mismatch(ours)
     assert mismatch["rollout/logprob_mismatch_max"] < 1e-4
     assert ours.sampled_logp[ours.completion_mask].min() < -1e-3  # not all ~0: the comparison has something to match
+
+
+# ---- engines of their own (started after the shared ones are done with: a stopped engine tears down vLLM's
+# process-wide parallel state, which the shared engines would still need) ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def coarse_dir(tmp_path_factory) -> str:
+    """The random Llama with every weight of the adapted layers at |W| >= 2**-7 and exactly representable in bf16:
+    there half a bf16 step of W is at least 2**-16 (1.5e-5), so a LoRA delta below that is lost by a bf16 merge."""
+    path = make_random_llama(tmp_path_factory.mktemp("coarse-h32"), hidden_size=64)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    for name, module in model.named_modules():
+        if name.rpartition(".")[2] in SEVEN:
+            weight = module.weight.data
+            module.weight.data = (weight.sign() * weight.abs().clamp(min=2**-7)).to(torch.bfloat16).float()
+    model.save_pretrained(path)
+    return path
+
+
+def test_lora_delta_below_bf16_resolution_reaches_vllm(coarse_dir):
+    """vLLM serves the adapter itself (a new version per push): a delta that a bf16 merge would round away entirely
+    still moves vLLM's log-probs, exactly as it moves the trainer's."""
+    tokenizer = load_tokenizer(coarse_dir)
+    lora = LoRA(r=4, alpha=8, target_modules=SEVEN)
+    policy = load_policy(coarse_dir, torch.float32, lora)
+    generator = torch.Generator().manual_seed(0)
+    step = (1.2e-5 / (lora.r * lora.alpha / lora.r)) ** 0.5  # scale * r * step^2 = 1.2e-5 per delta entry
+    for name, param in policy.named_parameters():
+        if "lora_" in name:  # rank-1 sign patterns: every entry of B A has the same size, +-r * step^2
+            signs = torch.randint(0, 2, (param.shape[1] if "lora_A" in name else param.shape[0],), generator=generator)
+            pattern = (signs * 2 - 1).float() * step
+            param.data = (
+                pattern.expand_as(param).clone() if "lora_A" in name else pattern[:, None].expand_as(param).clone()
+            )
+    base = policy.get_base_model()
+    merged = dict(policy_weights(policy))
+    for name, module in base.named_modules():
+        if name.rpartition(".")[2] in SEVEN:
+            weight = module.base_layer.weight
+            delta = merged[f"{name}.weight"] - weight
+            assert delta.abs().min() > 1e-5 and delta.abs().max() < 1.5e-5
+            assert torch.equal(merged[f"{name}.weight"].to(torch.bfloat16), weight.to(torch.bfloat16))  # all lost
+    engine = VLLMEngine(coarse_dir, tokenizer, lora_rank=lora.r, **SETTINGS)
+    engine.load_weights(policy)
+    sample = engine.generate(COPY, num_samples=4, max_new_tokens=16, temperature=1.0, seed=5)
+    eos = eos_token_ids(policy, tokenizer)
+    mask = completion_mask(sample.completion_ids, eos)
+    trainer = teacher_forced(policy, sample, eos, temperature=1.0)
+    with policy.disable_adapter():
+        untouched = teacher_forced(policy, sample, eos, temperature=1.0)  # = the base, = a bf16 merge's weights
+    moved = (trainer - untouched)[mask].abs()
+    assert moved.mean() > 5e-5  # the delta moves the log-probs (measured: mean ~1e-4)
+    assert (sample.sampled_logprobs - trainer)[mask].abs().max() < moved.mean() / 20  # vLLM moved with it
+    assert engine.adapter.version == 1 and engine.adapter.request.lora_int_id == 1
+    engine.load_weights(policy)  # the next iteration: a new version, the previous files gone
+    assert engine.adapter.request.lora_int_id == 2 and len(list(engine.adapter.root.iterdir())) == 1
+
+
+def test_stale_sampler_moves_the_tis_weights_and_the_cap_binds():
+    """REINFORCE with vLLM and tis_cap 2: vLLM is given weights other than the policy's (a stale or badly rounded
+    push), so the tokens it samples are off-policy for pi_old; the weights min(exp(old - sampled), 2) leave 1 and
+    the cap binds on tokens pi_old likes far more than the sampler did."""
+    task = FormatCopyTask(low=-999, high=999, system_prompt=None, prompt_template="Copy: {n}")
+    examples = [Example(prompt=f"Copy: {n}", answer=str(n)) for n in (7, -123, 45, 999)]
+    module = ReinforceModule(
+        model_name_or_path="tiny",
+        rollout_engine="vllm",
+        vllm_kv_cache_memory_bytes=64 * 2**20,
+        dtype="float32",
+        group_size=3,
+        prompts_per_step=4,
+        minibatch_size=4,
+        temperature=1.0,
+        tis_cap=2.0,
+    )
+    module.configure_model()
+    fresh = _rollout(module, task, examples)  # the engine got the policy's weights: every weight ~1
+    fresh_metrics = tis_metrics(fresh, 2.0)
+    assert abs(fresh_metrics["rollout/tis_weight_mean"] - 1) < 1e-4 and fresh_metrics["rollout/tis_clipped_frac"] == 0
+    clean = {name: param.detach().clone() for name, param in module.policy.named_parameters()}
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # vLLM gets noisy weights (each moved by 40% of its layer's spread), the policy keeps its own
+        for param in module.policy.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.4 * param.std())
+        module.engine.load_weights(module.policy)
+        for name, param in module.policy.named_parameters():
+            param.copy_(clean[name])
+    stale = _rollout(module, task, examples)
+    weight = tis_weight(stale, 2.0)  # [N, C]
+    expected = torch.exp(stale.old_logp - stale.sampled_logp).clamp(max=2.0)  # by hand: exp, then truncate
+    torch.testing.assert_close(weight[stale.completion_mask], expected[stale.completion_mask], rtol=1e-5, atol=0)
+    metrics = tis_metrics(stale, 2.0)
+    assert abs(metrics["rollout/tis_weight_mean"] - 1) > 0.05 and metrics["rollout/tis_clipped_frac"] > 0  # 0.80, 0.018
+    assert weight[stale.completion_mask].max().item() == pytest.approx(2.0)
+    assert logprob_mismatch(stale)["rollout/logprob_mismatch_mean"] > 0.05  # the staleness the weights correct

@@ -17,19 +17,21 @@ by default. `build_engine(module)` makes the one the module's `rollout_engine` k
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
+from llm_pg.engines.health import SamplerHealth, logprob_mismatch, tis_metrics, tis_weight
 from llm_pg.engines.hf import HFEngine
 from llm_pg.generation import eos_token_ids
-from llm_pg.losses import masked_mean
-from llm_pg.rollout import RolloutBatch
+from llm_pg.runs import run_dir
 
 if TYPE_CHECKING:
     from llm_pg.engines.vllm import VLLMEngine
 
-__all__ = ["HFEngine", "build_engine", "logprob_mismatch"]
+__all__ = ["HFEngine", "SamplerHealth", "build_engine", "logprob_mismatch", "tis_metrics", "tis_weight"]
 
 
 def build_engine(module) -> HFEngine | VLLMEngine:
@@ -63,7 +65,7 @@ def build_engine(module) -> HFEngine | VLLMEngine:
     from llm_pg.engines.vllm import VLLMEngine, vllm_logprobs_mode
 
     longest_new = max(hp.max_new_tokens, hp.eval_max_new_tokens or 0)
-    return VLLMEngine(
+    engine = VLLMEngine(
         hp.model_name_or_path,
         module.tokenizer,
         dtype=module.compute_dtype,
@@ -76,18 +78,17 @@ def build_engine(module) -> HFEngine | VLLMEngine:
         enforce_eager=module.device.type == "cpu",
         max_num_batched_tokens=hp.vllm_max_num_batched_tokens,
         device=module.device,
+        lora_rank=module.lora.r if module.uses_lora else None,
+        log_file=_vllm_log_file(module),
     )
+    rank_zero_info(engine.describe())
+    return engine
 
 
-def logprob_mismatch(rollout: RolloutBatch) -> dict[str, float]:
-    """`rollout/logprob_mismatch_{max,mean}`: `|sampled_logp - old_logp|` over completion tokens, the max and the
-    token mean, where the engine reported its own log-probs (vLLM) and pi_old is known (after the update, when it
-    comes from the first pass). Near 0 when the engines agree (below 4e-6 in float32 on the CPU; bf16 kernels
-    on a GPU round differently, by an amount not measured yet)."""
-    if rollout.sampled_logp is None or rollout.old_logp is None or not rollout.completion_mask.any():
-        return {}
-    gap = (rollout.sampled_logp.to(rollout.old_logp.device) - rollout.old_logp).abs()  # [N, C]
-    return {
-        "rollout/logprob_mismatch_max": gap[rollout.completion_mask].max().item(),
-        "rollout/logprob_mismatch_mean": masked_mean(gap, rollout.completion_mask).item(),
-    }
+def _vllm_log_file(module) -> Path | None:
+    """`<run dir>/vllm.log` (`vllm_rank<k>.log` under DDP), or None outside a trainer's run (vLLM logs to stderr)."""
+    trainer = module._trainer
+    if trainer is None:
+        return None
+    name = "vllm.log" if trainer.world_size == 1 else f"vllm_rank{trainer.global_rank}.log"
+    return run_dir(trainer) / name

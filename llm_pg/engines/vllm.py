@@ -19,10 +19,14 @@ runs while sampling. Making groups is collective: all ranks start their engines 
 It reads RANK (Lightning's launcher sets none) and LOCAL_RANK (the GPU index it samples on), set while it starts.
 Verified on CPU processes over gloo only (`tests/test_vllm_ddp.py`); NCCL and GPU placement are untested.
 
-Caveats: on the CPU vLLM binds the process's OpenMP threads when it starts, after which `torch.set_num_threads`
-is ignored; weights are pushed through `reload_weights(weights_iterator=...)` (loading from a path gave wrong
-log-probs in version 0.32) and the prefix cache is reset after every push, as cached prompt blocks hold keys and
-values of the old weights.
+Weights (`llm_pg.engines.vllm_weights`): with LoRA vLLM serves the adapter itself, a new version per iteration
+(`lora_rank`), so no update is lost to rounding a merged weight; full fine-tuning pushes every parameter through
+`reload_weights(weights_iterator=...)` (loading from a path gave wrong log-probs in version 0.32). The prefix cache
+is reset after every push, as cached prompt blocks hold keys and values of the old weights. vLLM's own log goes to
+a file (`log_file`, `llm_pg.engines.vllm_log`).
+
+Caveat: on the CPU vLLM binds the process's OpenMP threads when it starts, after which `torch.set_num_threads` is
+ignored.
 """
 
 from __future__ import annotations
@@ -31,16 +35,19 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-from peft import PeftModel
-from peft.tuners.lora import LoraLayer
 from torch import Tensor, nn
 from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 
+from llm_pg.engines.vllm_log import route_vllm_log
+from llm_pg.engines.vllm_weights import AdapterPush, policy_weights, repack_tied_lm_head, vllm_max_lora_rank
 from llm_pg.generation import Conversation, Generation, encode_prompts
 from llm_pg.models import resolve_model_path
 from llm_pg.rollout import derive_seed
+
+__all__ = ["VLLMEngine", "VLLMGeneration", "checkpoint_eos_ids", "policy_weights", "vllm_logprobs_mode"]
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
@@ -64,43 +71,6 @@ def vllm_logprobs_mode(logprob_temperature: float | None, temperature: float) ->
     )
 
 
-def policy_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """`(name, tensor)` for every weight of `model` under its HF checkpoint name, LoRA adapters merged.
-
-    A peft model yields its base model's names; each LoRA-wrapped layer yields `W + scale * B @ A` (peft's
-    `get_delta_weight`, a new tensor) under the plain layer's name, so the training adapter is read, never
-    changed. Tied weights appear once, as in `named_parameters()`. Tensors are detached views of the
-    parameters (merged ones are new), on the model's device and in its dtype.
-    """
-    base = model.get_base_model() if isinstance(model, PeftModel) else model
-    lora_layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
-    for name, param in base.named_parameters():
-        module_name, _, leaf = name.rpartition(".")
-        if any(part.startswith("lora_") for part in module_name.split(".")):
-            continue  # adapter factors: folded into their base layer's weight below
-        owner = module_name.removesuffix(".base_layer")
-        if owner != module_name and owner in lora_layers:
-            name = f"{owner}.{leaf}"
-            if leaf == "weight":
-                yield name, _merged_weight(lora_layers[owner], param.detach())
-                continue
-        yield name, param.detach()
-
-
-def _merged_weight(layer: LoraLayer, weight: Tensor) -> Tensor:
-    """`weight + sum over active adapters of scale * B @ A` (as `merge` would compute, without merging)."""
-    if layer.merged or layer.disable_adapters:
-        return weight  # the adapter is already in the weight, or switched off
-    merged = weight
-    for adapter in layer.active_adapters:
-        if adapter not in layer.lora_A:
-            continue
-        if layer.use_dora.get(adapter, False):
-            raise ValueError("model.lora: DoRA adapters cannot be merged for vLLM; use rollout_engine: hf")
-        merged = merged + layer.get_delta_weight(adapter).to(weight.dtype)
-    return merged
-
-
 def checkpoint_eos_ids(path: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The EOS ids `eos_token_ids(model, tokenizer)` gives, read from the model's files instead of a model."""
     try:
@@ -111,18 +81,6 @@ def checkpoint_eos_ids(path: str, tokenizer: PreTrainedTokenizerBase) -> list[in
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return sorted(set(ids))
-
-
-def _repack_tied_lm_head(worker) -> None:
-    """Re-run the output layer's post-load step when it shares the embedding matrix (run in vLLM's worker).
-
-    vLLM's CPU build packs each linear weight into a GEMM layout after loading, the output layer's included.
-    With tied embeddings the checkpoint has no `lm_head.weight`, so a reload refills the shared matrix but never
-    repacks the output layer, whose logits would keep the old embedding. On a GPU the step does nothing.
-    """
-    if worker.model_config.hf_text_config.tie_word_embeddings:
-        head = worker.model_runner.get_model().get_submodule("lm_head")
-        head.quant_method.process_weights_after_loading(head)
 
 
 @contextmanager
@@ -172,6 +130,9 @@ class VLLMEngine:
             when it splits a prompt across steps and fails with "CPU Generator does not use offset".
         device: where the returned tensors go (default: the GPU when there is one). Under DDP also where vLLM
             runs: `cuda:k` samples on GPU k, whose memory `gpu_memory_utilization` is a share of.
+        lora_rank: the policy's LoRA rank: vLLM serves the adapter itself (`enable_lora`), pushed as a new version
+            per `load_weights`; None: full weights are pushed (full fine-tuning).
+        log_file: where vLLM's own log goes (None: vLLM's stderr handler).
     """
 
     def __init__(
@@ -189,6 +150,8 @@ class VLLMEngine:
         enforce_eager: bool = False,
         max_num_batched_tokens: int | None = None,
         device: torch.device | str | None = None,
+        lora_rank: int | None = None,
+        log_file: str | Path | None = None,
     ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode={logprobs_mode!r}: use one of {LOGPROBS_MODES}")
@@ -196,6 +159,8 @@ class VLLMEngine:
             raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization}: give a fraction in (0, 1), e.g. 0.3")
         # In-process engine core: set before vLLM reads its environment (it reads it lazily, at engine start).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.log_file = Path(log_file) if log_file is not None else None
+        route_vllm_log(self.log_file)
         from vllm import LLM
 
         path = resolve_model_path(model_name_or_path)
@@ -203,6 +168,15 @@ class VLLMEngine:
         self.eos = sorted(set(eos_token_ids)) if eos_token_ids is not None else checkpoint_eos_ids(path, tokenizer)
         self.logprobs_mode = logprobs_mode
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype, self.gpu_memory_utilization, self.kv_cache_memory_bytes = (
+            dtype,
+            gpu_memory_utilization,
+            kv_cache_memory_bytes,
+        )
+        self.adapter = AdapterPush() if lora_rank is not None else None
+        lora = (
+            {"enable_lora": True, "max_lora_rank": vllm_max_lora_rank(lora_rank), "max_loras": 1} if lora_rank else {}
+        )
         distributed = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
         with _launcher_environment(self.device) if distributed else nullcontext():
             self.llm = LLM(
@@ -220,6 +194,8 @@ class VLLMEngine:
                 enable_prefix_caching=True,  # the G rows of a group share their prompt's blocks
                 # DDP: one engine per rank inside the trainer's process group (module docstring); else one process.
                 distributed_executor_backend="external_launcher" if distributed else None,
+                use_tqdm_on_load=False,  # its progress bar would print past the log file
+                **lora,
             )
 
     @property
@@ -227,11 +203,31 @@ class VLLMEngine:
         """The id after each completion's EOS: the tokenizer's pad token, else the first EOS id (as HF generate)."""
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos[0]
 
+    def describe(self) -> str:
+        """One line for the terminal at start: the engine, its dtype, its memory and how weights reach it."""
+        import vllm
+
+        if self.kv_cache_memory_bytes is not None:
+            memory = f"KV cache {self.kv_cache_memory_bytes / 2**20:.0f} MiB"
+        elif self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory / 2**30
+            memory = f"{self.gpu_memory_utilization:g} of the GPU's {total:.0f} GiB"
+        else:
+            memory = f"{self.gpu_memory_utilization:g} of free memory for its KV cache"
+        push = "LoRA adapter served by vLLM, new version per iteration" if self.adapter else "full weights pushed"
+        log = f"; its log: {self.log_file}" if self.log_file else ""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"rollout engine: vLLM {vllm.__version__} on {self.device.type}, {dtype}, {memory}; {push}{log}"
+
     @torch.no_grad()
     def load_weights(self, model: nn.Module) -> None:
-        """Copy `model`'s current weights into vLLM (LoRA merged on the fly) and drop the stale prefix cache."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": policy_weights(model)})
-        self.llm.collective_rpc(_repack_tied_lm_head)
+        """Make vLLM sample from `model`'s current weights: a new adapter version (LoRA), or every weight pushed
+        (full fine-tuning); then drop the stale prefix cache."""
+        if self.adapter is not None:
+            self.adapter.push(model)  # the base weights never change; vLLM loads the adapter at the next request
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": policy_weights(model)})
+            self.llm.collective_rpc(repack_tied_lm_head)
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache after new weights (requests still running?)")
 
@@ -279,7 +275,8 @@ class VLLMEngine:
             )
             for row in range(len(requests))
         ]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        lora_request = self.adapter.request if self.adapter is not None else None
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=lora_request)
         completions = [out.outputs[0] for out in outputs]
         width = max(len(c.token_ids) for c in completions)  # C: the longest completion, as HF generate pads
         completion_ids = torch.full((len(completions), width), self.pad, dtype=torch.long)  # [N, C]

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
-from llm_pg.engines import HFEngine, build_engine, logprob_mismatch
+from llm_pg.engines import HFEngine, SamplerHealth, build_engine
 from llm_pg.evaluation import evaluate
 from llm_pg.models import (
     LoRA,
@@ -79,7 +79,9 @@ class PolicyGradientModule(L.LightningModule, ABC):
             course): the raw model distribution; null: the sampling temperature (TRL). See docs/algorithms.md.
         eval_every: greedy evaluation every this many iterations (and at iteration 0 and the end).
         eval_max_new_tokens: generation budget for evaluation (default: max_new_tokens).
-        logprob_batch_size: rows per no-grad forward pass for old/reference log-probs and evaluation.
+        logprob_batch_size: rows per no-grad forward pass for old/reference log-probs.
+        eval_batch_size: prompts per generate call of an evaluation, sized for memory (null: the whole eval set in
+            one call with vLLM, `logprob_batch_size` prompts with HF; with `eval_samples: k`, that many rows).
         share_prompt_prefix: run each distinct prompt of a forward once and its completions on its cached keys and
             values (`llm_pg.modules.logprobs`): the same log-probs and gradients up to float rounding, fewer tokens.
         log_generations_every: iterations between sampled-completion tables (0: never).
@@ -99,6 +101,10 @@ class PolicyGradientModule(L.LightningModule, ABC):
             of the machine's memory).
         vllm_max_num_batched_tokens: tokens per vLLM step (null: vLLM's default; on the CPU give at least the rollout's
             prompt tokens, rows x padded prompt length).
+        tis_cap: truncated importance sampling against the rollout engine (null: off, the course): each completion
+            token's policy-gradient term is weighted by `min(exp(old_logp - sampler_logp), tis_cap)`, where
+            `sampler_logp` is the engine's own log-prob of the token (vLLM; with HF the weight is exactly 1).
+            Logs `rollout/tis_weight_mean` and `rollout/tis_clipped_frac`. See docs/algorithms.md, "TIS".
         seed: derives sampling, shuffling and dropout seeds (linked from the top-level `seed`).
     """
 
@@ -142,6 +148,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         vllm_gpu_memory_utilization: float = 0.3,
         vllm_kv_cache_memory_bytes: int | None = None,
         vllm_max_num_batched_tokens: int | None = None,
+        eval_batch_size: int | None = None,
+        tis_cap: float | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -163,6 +171,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self._reference: list[torch.nn.Module] = []  # a list, so the reference is not a submodule
         self._engine: HFEngine | VLLMEngine | None = None  # built on first use (`engine`)
         self._engine_iteration: int | None = None  # the iteration whose weights the engine holds
+        self.sampler_health = SamplerHealth(tis_cap, rank_zero_warn)  # rollout/ mismatch and TIS figures
 
     # ---- what the algorithms define -------------------------------------------------------------------
 
@@ -314,7 +323,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
                 "time/update": time.perf_counter() - start_time,
                 "time/elapsed": time.perf_counter() - self._clock,  # training wall time, resumes included
                 **batch.get("rollout_metrics", {}),
-                **logprob_mismatch(rollout),  # after the update: pi_old may come from its first pass
+                **self.sampler_health(rollout),  # after the update: pi_old may come from its first pass
             }
         )
         scheduler.step()

@@ -12,7 +12,9 @@ Variants (docs/algorithms.md): `clip_eps_high` (DAPO's clip-higher: the upper bo
 Departures from the paper (Shao et al., 2024): advantages are clipped to +-adv_clip; pi_old and pi_ref
 log-probs are computed once per rollout, at `logprob_temperature` like pi_theta (default 1.0: the raw
 logits, as in the course, although sampling may run at another T), so the first micro-batch has rho = 1;
-the KL term is a token mean over each micro-batch rather than a per-sequence mean.
+the KL term is a token mean over each micro-batch rather than a per-sequence mean. With `tis_cap: C` each token's
+surrogate is also weighted by `min(pi_old / pi_sampler, C)` (truncated importance sampling against the rollout
+engine; off by default, as in the course).
 
 pi_old without a separate pass: when one optimizer step covers a whole pass (the course's configs), no weight
 changes before every row's first forward, so pi_old is the detached log-prob of the first pass, exactly when
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from llm_pg.engines.health import tis_weight
 from llm_pg.losses import grpo_loss
 from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.modules.logprobs import has_dropout
@@ -93,4 +96,5 @@ class GRPOModule(PolicyGradientModule):
             max_new_tokens=hp.max_new_tokens,
             num_tokens=num_tokens,
             split_tokens=rollout.split_tokens,
+            tis_weight=tis_weight(rollout, hp.tis_cap),
         )

@@ -11,13 +11,16 @@ Variants (docs/algorithms.md): the base module's `advantage` (dr_grpo, rloo, rei
 Departures from textbook REINFORCE (Williams, 1992): the baseline is the group mean and the scale the
 group std (as in GRPO, Shao et al., 2024); log-probs are averaged over each completion's tokens, not
 summed; log-probs are taken at `logprob_temperature` (default 1.0, the raw logits, as in the course,
-whatever the sampling temperature; null: the sampling temperature).
+whatever the sampling temperature; null: the sampling temperature). With `tis_cap: C` each token's term is
+weighted by `min(pi_old / pi_sampler, C)` (truncated importance sampling against the rollout engine; off by
+default, as in the course).
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
+from llm_pg.engines.health import tis_weight
 from llm_pg.losses import reinforce_loss
 from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.modules.settings import reject_grpo_only
@@ -63,4 +66,5 @@ class ReinforceModule(PolicyGradientModule):
             max_new_tokens=hp.max_new_tokens,
             num_tokens=num_tokens,
             split_tokens=rollout.split_tokens,
+            tis_weight=tis_weight(rollout, hp.tis_cap),
         )

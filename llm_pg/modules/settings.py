@@ -64,6 +64,10 @@ def check_settings(hp: dict[str, Any]) -> None:
     if hp["eval_max_new_tokens"] is not None:
         _at_least("eval_max_new_tokens", hp["eval_max_new_tokens"], 1, "null uses max_new_tokens")
     _at_least("logprob_batch_size", hp["logprob_batch_size"], 1, "rows per no-grad forward pass")
+    if hp["eval_batch_size"] is not None:
+        _at_least("eval_batch_size", hp["eval_batch_size"], 1, "prompts per eval generate call; null: engine default")
+    if hp["tis_cap"] is not None:
+        _at_least("tis_cap", hp["tis_cap"], 1, "the truncation C of min(exp(old_logp - sampler_logp), C), e.g. 2.0")
     _at_least("log_generations_every", hp["log_generations_every"], 0, "0 logs no completion tables")
     table_rows = hp["log_generations_rows"]
     if not (isinstance(table_rows, int) and not isinstance(table_rows, bool) and table_rows >= 1):

@@ -1,0 +1,114 @@
+"""How far the rollout engine's sampler is from the trainer's pi_old, and the TIS weight that corrects for it.
+
+An engine that reports its own log-prob of every sampled token (vLLM: `RolloutBatch.sampled_logp`) can be compared
+with the trainer's pi_old of the same tokens (`old_logp`). The two differ by float rounding when the engine holds
+the trainer's weights (below 4e-6 in float32 on the CPU; bf16 kernels on a GPU: a token mean near 1e-2 and a max
+above 0.1 are normal, docs/runs.md), and by more when it samples from stale or rounded weights. Truncated importance
+sampling (`tis_cap`, docs/algorithms.md) weights each token's policy-gradient term by
+`min(exp(old_logp - sampler_logp), C)`. With the HF engine the sampler is the policy itself: `sampler_logp = old_logp`
+and the weight is exactly 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from llm_pg.losses import masked_mean, truncated_is_weight
+from llm_pg.rollout import RolloutBatch
+
+MISMATCH_QUANTILE = 0.99
+TREND_WINDOW = 20  # iterations the mismatch trend looks back over
+TREND_FACTOR = 2.0  # newer half's mean over the older half's that counts as a rise
+TREND_FLOOR = 1e-3  # a newer-half mean below this never warns: float32 noise (1e-7) doubling is no drift
+
+
+def logprob_mismatch(rollout: RolloutBatch) -> dict[str, float]:
+    """`rollout/logprob_mismatch_{mean,p99,max}`: `|sampled_logp - old_logp|` over completion tokens (the token
+    mean, the 99th percentile and the max), where the engine reported its own log-probs and pi_old is known (after
+    the update, when it comes from the first pass). Empty otherwise (HF)."""
+    if rollout.sampled_logp is None or rollout.old_logp is None or not rollout.completion_mask.any():
+        return {}
+    gap = (rollout.sampled_logp.to(rollout.old_logp.device) - rollout.old_logp).abs()  # [N, C]
+    tokens = gap[rollout.completion_mask].float()  # [T]
+    return {
+        "rollout/logprob_mismatch_mean": masked_mean(gap, rollout.completion_mask).item(),
+        "rollout/logprob_mismatch_p99": torch.quantile(tokens, MISMATCH_QUANTILE).item(),
+        "rollout/logprob_mismatch_max": tokens.max().item(),
+    }
+
+
+def tis_weight(rollout: RolloutBatch, cap: float | None) -> Tensor | None:
+    """`[b, C]` truncated importance weights `min(exp(old_logp - sampler_logp), cap)` of a (micro-)batch, or None
+    when TIS is off (`cap` None) or pi_old is unknown (REINFORCE with HF: no weight, i.e. 1). Without engine
+    log-probs (HF) the sampler is pi_old itself and every weight is exactly 1."""
+    if cap is None or rollout.old_logp is None:
+        return None
+    sampler = rollout.old_logp if rollout.sampled_logp is None else rollout.sampled_logp.to(rollout.old_logp.device)
+    return truncated_is_weight(rollout.old_logp, sampler, cap)
+
+
+def tis_metrics(rollout: RolloutBatch, cap: float | None) -> dict[str, float]:
+    """`rollout/tis_weight_mean` (token mean of the truncated weight) and `rollout/tis_clipped_frac` (share of
+    completion tokens whose weight the cap lowered), when TIS is on and pi_old is known."""
+    weight = tis_weight(rollout, cap)
+    if weight is None or not rollout.completion_mask.any():
+        return {}
+    sampler = rollout.old_logp if rollout.sampled_logp is None else rollout.sampled_logp.to(rollout.old_logp.device)
+    capped = (rollout.old_logp - sampler) > math.log(cap)  # [N, C]
+    return {
+        "rollout/tis_weight_mean": masked_mean(weight, rollout.completion_mask).item(),
+        "rollout/tis_clipped_frac": masked_mean(capped.float(), rollout.completion_mask).item(),
+    }
+
+
+class MismatchTrend:
+    """Warns when `rollout/logprob_mismatch_mean` rises steadily: over the last `window` iterations, the newer
+    half's average is more than `factor` times the older half's (and above `floor`). A steady rise means the sampler
+    drifts away from the trainer (a weight push that loses updates, a stale engine), unlike the flat bf16 rounding
+    level. After a warning the window starts over, so a drift warns once per window, not every iteration. The
+    window is not checkpointed: after a resume it fills again."""
+
+    def __init__(self, window: int = TREND_WINDOW, factor: float = TREND_FACTOR, floor: float = TREND_FLOOR) -> None:
+        self.window, self.factor, self.floor = window, factor, floor
+        self.means: deque[float] = deque(maxlen=window)
+
+    def update(self, mean: float | None) -> str | None:
+        """Record one iteration's mean (None: no figure this iteration); returns the warning text, or None."""
+        if mean is None:
+            return None
+        self.means.append(mean)
+        if len(self.means) < self.window:
+            return None
+        half = self.window // 2
+        older, newer = list(self.means)[:half], list(self.means)[-half:]
+        old_mean, new_mean = sum(older) / len(older), sum(newer) / len(newer)
+        if new_mean < self.floor or new_mean <= self.factor * old_mean:
+            return None
+        self.means.clear()
+        return (
+            f"rollout/logprob_mismatch_mean rose from {old_mean:.2g} to {new_mean:.2g} over the last {self.window} "
+            "iterations: the rollout engine samples from weights further and further from the trainer's (see "
+            "docs/runs.md, 'Is the sampler in sync?'); model.init_args.tis_cap corrects the update for it"
+        )
+
+
+class SamplerHealth:
+    """The `rollout/` figures of one iteration's rollout (mismatch and TIS), and the mismatch trend's warning
+    (`warn`, e.g. Lightning's `rank_zero_warn`)."""
+
+    def __init__(self, tis_cap: float | None, warn: Callable[[str], None]) -> None:
+        self.tis_cap = tis_cap
+        self.warn = warn
+        self.trend = MismatchTrend()
+
+    def __call__(self, rollout: RolloutBatch) -> dict[str, float]:
+        metrics = {**logprob_mismatch(rollout), **tis_metrics(rollout, self.tis_cap)}
+        message = self.trend.update(metrics.get("rollout/logprob_mismatch_mean"))
+        if message:
+            self.warn(message)
+        return metrics
