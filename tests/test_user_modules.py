@@ -126,11 +126,12 @@ TRAIN_ONLY = {  # reward functions that fail on training rows only: the eval at 
     "raising_rewards": (
         "def score(completion, example):\n    return {'test': 1.0}[example.fields['split']]\n",
         "reward function 'raising_rewards:score' raised KeyError: 'train' (raising_rewards.py:2 in score); row 0 of "
-        "iteration 1 (prompt 'Copy: ",
+        "the rollout of iteration 1 (prompt 'Copy: ",
     ),
     "nan_rewards": (
         "def score(completion, example):\n    return float('nan') if example.fields['split'] == 'train' else 0.0\n",
-        "reward function 'nan_rewards:score' returned nan: rewards must be finite numbers; row 0 of iteration 1",
+        "reward function 'nan_rewards:score' returned nan: rewards must be finite numbers; row 0 of the rollout of "
+        "iteration 1",
     ),
 }
 
@@ -150,15 +151,24 @@ def test_a_raising_or_nan_reward_function_stops_the_run_in_one_line(tmp_path, ca
     assert not (tmp_path / "runs" / "run" / "COMPLETE").exists()
 
 
-@pytest.mark.xfail(
-    reason="evaluation (iteration 0) scores outside llm_pg.guards.checked_scores: a RewardError there is a "
-    "traceback, not the one-line stop (the lead's evaluation.py)",
-    strict=True,
-)
 def test_a_reward_function_failing_in_the_first_evaluation_stops_the_run_in_one_line(tmp_path, capsys, fresh_path):
     (tmp_path / "elsewhere").mkdir()
     body = "def score(completion, example):\n    return float('nan')\n"
     config = write_experiment(tmp_path / "exp", "nan_everywhere_rewards", body, split_files=True)
     assert run_llm_pg(tmp_path, config) == 1
     stopped = stopped_line(capsys)
-    assert len(stopped) == 1 and "reward function 'nan_everywhere_rewards:score' returned nan" in stopped[0]
+    assert len(stopped) == 1, stopped
+    assert "reward function 'nan_everywhere_rewards:score' returned nan" in stopped[0]
+    assert "evaluation at iteration 0" in stopped[0]
+    assert not (tmp_path / "runs" / "run" / "COMPLETE").exists()
+
+
+def test_a_data_problem_is_one_line_before_training(tmp_path, capsys, fresh_path):
+    (tmp_path / "elsewhere").mkdir()
+    config = write_experiment(tmp_path / "exp", "unused_rewards", "def score(completion, example):\n    return 0.0\n")
+    assert run_llm_pg(tmp_path, config, "--data.task.init_args.answer_column=number") == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("llm-pg: error:")]
+    assert len(errors) == 1
+    assert "answer_column names column 'number', which split 'train' of" in errors[0]
+    assert "train.jsonl" in errors[0] and "(columns: q, n, split)" in errors[0]
+    assert not (tmp_path / "runs" / "run").exists()  # before the run directory is made
