@@ -7,7 +7,8 @@
     modal run -w results.zip launch.py::bundle RUN_NAME...          # `llm-pg bundle` on the Volume, zip written here
     python launch.py --local --config configs/tiny/format_copy_grpo.yaml   # the same function here, without Modal
 
-A run lives at `/<run_name>` on the Volume `llm-pg-runs` (`/runs/<run_name>` in the container). The run name is
+A run lives at `/<run_name>` on the Volume `llm-pg-runs` (`/runs/<run_name>` in the container); vLLM's compile
+cache lives on `llm-pg-compile-cache`, so a retry does not compile the model again. The run name is
 fixed per run (default: as `llm-pg fit` names it), so a retry after a preemption, a crash or the timeout finds
 its checkpoints there and resumes with `--ckpt_path last`; launching a finished run (it has `COMPLETE`) does
 nothing. A sweep first downloads its model and dataset into the Volume `llm-pg-hf-cache`, then starts its runs.
@@ -36,9 +37,12 @@ import modal
 
 from llm_pg.modal_support import (
     COMMIT_EVERY_S,
+    COMPILE_CACHE_ENV,
+    REMOTE_COMPILE_CACHE,
     REMOTE_HF,
     REMOTE_ROOT,
     REMOTE_RUNS,
+    RUNTIME_NEEDS,
     cluster_env,
     default_run_name,
     fit_command,
@@ -54,7 +58,7 @@ __all__ = ["COMMIT_EVERY_S", "default_run_name", "fit_command", "parse_override"
 
 ROOT = Path(__file__).resolve().parent
 APP_NAME = "llm-pg"
-RUNS_VOLUME, HF_VOLUME = "llm-pg-runs", "llm-pg-hf-cache"
+RUNS_VOLUME, HF_VOLUME, COMPILE_VOLUME = "llm-pg-runs", "llm-pg-hf-cache", "llm-pg-compile-cache"
 TORCH = "torch==2.13.0"  # installed first, as the Makefile does: the same version, here its CUDA build
 VLLM = "vllm==0.32.0"  # pyproject's `vllm` extra, CUDA build: `--override model.init_args.rollout_engine=vllm`
 # vLLM pins some packages of its own (transformers<5.20: the lock's 5.19.0 fits), so the project is installed after
@@ -93,6 +97,9 @@ def repo_config(config: str) -> str:
 
 image = (
     modal.Image.debian_slim(python_version="3.11")
+    # A C compiler for Triton at vLLM's start (RUNTIME_NEEDS): debian_slim has it today; named here so that a change
+    # of base (a CUDA runtime image has none) keeps it.
+    .apt_install(*RUNTIME_NEEDS)
     .pip_install(TORCH)
     .pip_install(VLLM)
     # vLLM's requirements pull torchaudio 2.11 (built for another torch), torchvision and torchcodec; text rollouts
@@ -104,11 +111,14 @@ image = (
         str(ROOT / "pyproject.toml"), optional_dependencies=["vllm"], extra_options=f"-c {REMOTE_ROOT}/constraints.txt"
     )
     .env({"HF_HOME": REMOTE_HF, "PYTHONPATH": REMOTE_ROOT, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"})
+    .env(COMPILE_CACHE_ENV)  # vLLM's compile cache on its Volume: a retry loads the kernels instead of compiling
     .add_local_python_source("llm_pg", ignore=["**/__pycache__/**", "**/*.pyc"])  # assets (tiny model) included
     .add_local_dir(ROOT / "configs", f"{REMOTE_ROOT}/configs")
 )
 runs_volume = modal.Volume.from_name(RUNS_VOLUME, create_if_missing=True)
 hf_volume = modal.Volume.from_name(HF_VOLUME, create_if_missing=True)
+compile_volume = modal.Volume.from_name(COMPILE_VOLUME, create_if_missing=True)
+TRAIN_VOLUMES = {REMOTE_RUNS: runs_volume, REMOTE_HF: hf_volume, REMOTE_COMPILE_CACHE: compile_volume}
 app = modal.App(APP_NAME, image=image)
 
 
@@ -129,6 +139,7 @@ def _wandb_secrets() -> list[modal.Secret]:
 def _commit_volumes() -> None:
     runs_volume.commit()
     hf_volume.commit()
+    compile_volume.commit()
 
 
 @app.function(
@@ -137,7 +148,7 @@ def _commit_volumes() -> None:
     memory=65536,
     timeout=TIMEOUT_S,
     retries=modal.Retries(max_retries=RETRIES, backoff_coefficient=1.0, initial_delay=30.0),
-    volumes={REMOTE_RUNS: runs_volume, REMOTE_HF: hf_volume},
+    volumes=TRAIN_VOLUMES,
     secrets=_wandb_secrets(),
 )
 def train(config: str, overrides: dict[str, Any], run_name: str, seed: int = 0, gpus: int = 1) -> str:
@@ -158,7 +169,7 @@ CLUSTER_GPUS = 8
     cpu=8.0 * CLUSTER_GPUS,
     memory=65536 * CLUSTER_GPUS,
     timeout=TIMEOUT_S,
-    volumes={REMOTE_RUNS: runs_volume, REMOTE_HF: hf_volume},
+    volumes=TRAIN_VOLUMES,
     secrets=_wandb_secrets(),
 )
 @modal.clustered(size=CLUSTER_NODES, rdma=True)

@@ -27,6 +27,16 @@ from llm_pg.sweep import Run, override_args, resume_flag
 
 REMOTE_ROOT = "/root"  # the package and configs in the container; the working directory of every run
 REMOTE_RUNS, REMOTE_HF = "/runs", "/hf-cache"
+# vLLM compiles the model at start (torch.compile, Inductor and Triton kernels: 1-3 min for a 1.5B model); its cache
+# root holds all three (vLLM puts Inductor's and Triton's caches under it), kept on a Volume so that a retry or the
+# next run of the same model and shapes loads the kernels instead of compiling them again.
+REMOTE_COMPILE_CACHE = "/compile-cache"
+COMPILE_CACHE_ENV = {"VLLM_CACHE_ROOT": f"{REMOTE_COMPILE_CACHE}/vllm"}
+# What vLLM needs at run time beyond its wheel: a C compiler (Triton compiles a small launcher per kernel with `cc`;
+# without one vLLM fails at start with "Failed to find C compiler", vllm issues 15329 and 14075) and Python's headers.
+# Modal's debian_slim base has both (gcc and build-essential in every builder version; the python:3.x-slim image keeps
+# its headers): tests/test_launch.py checks the image definition for them.
+RUNTIME_NEEDS = ("gcc", "build-essential")
 COMMIT_EVERY_S = 300  # persist the run directory at least this often
 COMMIT_MIN_S = 60  # and after a new last.ckpt, but not more often than this
 POLL_S = 10.0

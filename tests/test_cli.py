@@ -2,6 +2,7 @@
 progress in RL iterations."""
 
 import csv
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from llm_pg.data.datamodule import PromptGroupDataModule
 from llm_pg.modules import PolicyGradientModule
 
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "sweeps" not in p.parts)
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def test_there_are_configs_for_every_task_and_algorithm():
@@ -32,13 +34,21 @@ def test_there_are_configs_for_every_task_and_algorithm():
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
 def test_config_instantiates_without_loading_weights(tmp_path, config):
     assert config.read_text().startswith("# llm-pg fit --config"), "a config opens with the command that runs it"
+    # The vLLM variants need vLLM to instantiate; without it, their HF twin (tests/test_vllm_configs.py checks them).
+    engine = ["--model.init_args.rollout_engine=hf"] if config.stem.endswith("_vllm") and not HAS_VLLM else []
     cli = LLMPGCLI(
         PolicyGradientModule,
         PromptGroupDataModule,
         subclass_mode_model=True,
         seed_everything_default=False,
         run=False,
-        args=[f"--config={config}", "--trainer.accelerator=cpu", f"--runs_root={tmp_path}", "--wandb_project=null"],
+        args=[
+            f"--config={config}",
+            "--trainer.accelerator=cpu",
+            f"--runs_root={tmp_path}",
+            "--wandb_project=null",
+            *engine,
+        ],
     )
     assert cli.model.policy is None  # weights load in configure_model, not at parse time
     assert cli.model.hparams.prompts_per_step == cli.datamodule.prompts_per_step  # linked once

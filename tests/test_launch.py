@@ -49,12 +49,54 @@ def test_app_builds_with_its_functions_volumes_and_gpu(launch):
         assert isinstance(function, modal.Function)
     spec = launch.train._spec_  # private, but the one place Modal keeps what the decorator asked for
     assert spec.gpus == "H100"
-    assert set(spec.volumes) == {"/runs", "/hf-cache"}
+    assert set(spec.volumes) == {"/runs", "/hf-cache", "/compile-cache"}
     assert launch.TIMEOUT_S == 24 * 3600 and launch.RETRIES >= 1
 
 
 def test_image_pins_torch_like_the_makefile(launch):
     assert launch.TORCH in (ROOT / "Makefile").read_text()
+
+
+def _image_layers(image, version: str) -> list[str]:
+    """The Dockerfile commands of a Modal image definition, base first, for builder `version`, built offline.
+
+    Modal's `Image` is lazy: each method returns a new image whose loader closes over its base images and the
+    function that writes its Dockerfile for a builder version. That function is what Modal runs at build time,
+    so calling it here shows what would be built, with no network or credentials (private API: modal 1.6)."""
+    from modal._utils.async_utils import synchronizer
+
+    def walk(inner) -> list[str]:
+        closure = (cell.cell_contents for cell in inner._load.__closure__)
+        cells = dict(zip(inner._load.__code__.co_freevars, closure, strict=True))
+        bases = [*cells.get("base_images", {}).values(), *([cells["base_image"]] if "base_image" in cells else [])]
+        commands = [line for base in bases for line in walk(base)]  # `base_image`: a local-files layer's base
+        if cells.get("dockerfile_function") is not None:
+            commands += [line for line in cells["dockerfile_function"](version).commands if line != "FROM base"]
+        return commands
+
+    return walk(synchronizer._translate_in(image))
+
+
+@pytest.mark.parametrize("version", ["2025.06", "2026.10"])  # builders that serve Python 3.11 images today
+def test_image_has_a_c_compiler_for_vllm_and_its_compile_cache_on_a_volume(launch, version):
+    layers = _image_layers(launch.image, version)
+    assert layers[0].startswith("FROM python:3.11") and "slim" in layers[0]  # python image: its headers included
+    installs = " ".join(line for line in layers if "apt-get install" in line)
+    assert "gcc" in installs.split() and "build-essential" in installs.split()  # Triton's `cc` at vLLM's start
+    apt = next(i for i, line in enumerate(layers) if "apt-get install" in line and "build-essential" in line)
+    assert apt < next(i for i, line in enumerate(layers) if "vllm==" in line)  # before anything that may compile
+    assert "ENV VLLM_CACHE_ROOT=/compile-cache/vllm" in layers
+    for function in (launch.train, launch.train_cluster):
+        assert "llm-pg-compile-cache" in repr(function._spec_.volumes["/compile-cache"])
+    commits = []
+    for volume in (launch.runs_volume, launch.hf_volume, launch.compile_volume):
+        volume.commit = lambda volume=volume: commits.append(volume)  # the instance attribute, on these objects only
+    try:
+        launch._commit_volumes()
+    finally:
+        for volume in (launch.runs_volume, launch.hf_volume, launch.compile_volume):
+            del volume.commit
+    assert launch.compile_volume in commits  # the compile cache is persisted with the run, not lost on a retry
 
 
 def test_fit_command_is_what_llm_pg_fit_expects(launch, capsys, monkeypatch):

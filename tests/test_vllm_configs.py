@@ -1,0 +1,69 @@
+"""The fast variants of the course's four runs (`configs/*/*_vllm.yaml`): the course config plus the vLLM engine,
+its memory share, one-call evaluation and `tis_cap`, and nothing else; each opens with its commands, and
+docs/runs.md gives the Modal command of each."""
+
+import importlib.util
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from llm_pg.cli import LLMPGCLI
+from llm_pg.data.datamodule import PromptGroupDataModule
+from llm_pg.modules import PolicyGradientModule
+
+COURSE_RUNS = ["format_copy/grpo", "format_copy/reinforce", "math_hard/grpo", "math_hard/reinforce"]
+ADDED = {"rollout_engine": "vllm", "vllm_gpu_memory_utilization": 0.3, "eval_batch_size": None, "tis_cap": 2.0}
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def _load(name: str) -> dict:
+    return yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+
+
+@pytest.mark.parametrize("run", COURSE_RUNS)
+def test_variant_is_the_course_config_plus_the_engine_keys(run):
+    course, fast = _load(run), _load(f"{run}_vllm")
+    fast_args = fast["model"]["init_args"]
+    assert {key: fast_args.pop(key) for key in ADDED} == ADDED
+    assert not set(ADDED) & set(course["model"]["init_args"])  # the course config leaves them at their defaults
+    assert fast == course  # every other key, the model class, data, checkpoint and trainer sections alike
+
+
+@pytest.mark.parametrize("run", COURSE_RUNS)
+def test_variant_opens_with_its_commands_and_docs_give_the_modal_one(run):
+    lines = (ROOT / "configs" / f"{run}_vllm.yaml").read_text().splitlines()
+    assert lines[0] == f"# llm-pg fit --config configs/{run}_vllm.yaml"
+    assert lines[1] == f"# (on Modal: modal run --detach launch.py --config configs/{run}_vllm.yaml)"
+    assert f"modal run --detach launch.py --config configs/{run}_vllm.yaml" in (ROOT / "docs/runs.md").read_text()
+
+
+def _instantiate(run: str, tmp_path):
+    return LLMPGCLI(
+        PolicyGradientModule,
+        PromptGroupDataModule,
+        subclass_mode_model=True,
+        seed_everything_default=False,
+        run=False,
+        args=[
+            f"--config={ROOT / 'configs' / f'{run}_vllm.yaml'}",
+            "--trainer.accelerator=cpu",
+            f"--runs_root={tmp_path}",
+            "--wandb_project=null",
+        ],
+    )
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (its absence is tested below)")
+@pytest.mark.parametrize("run", COURSE_RUNS)
+def test_variant_instantiates_with_vllm(tmp_path, run):
+    module = _instantiate(run, tmp_path).model
+    assert module.policy is None and module.hparams.rollout_engine == "vllm" and module.hparams.tis_cap == 2.0
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed (the variants instantiate above)")
+def test_variant_without_vllm_fails_in_one_line_before_loading(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _instantiate("math_hard/grpo", tmp_path)
+    assert exit_info.value.code != 0
+    assert "model.rollout_engine=vllm but vLLM is not installed" in capsys.readouterr().err
