@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Mapping
-from functools import cached_property
 from typing import Any
 
 from llm_pg.data.tasks.base import Example, Score, Task
@@ -106,6 +105,7 @@ class ReasoningGymTask(Task):
         self.dataset, self.dataset_config = dataset, dict(dataset_config or {})
         self.prompt_template, self.train_size, self.max_answer_chars = prompt_template, train_size, max_answer_chars
         self._create(0, 1)  # a wrong dataset_config fails here, while the config is parsed
+        self._train: tuple[int, Any] | None = None  # (run seed, its training dataset)
         self._warned = False
 
     def _create(self, seed: int, size: int) -> Any:
@@ -119,13 +119,10 @@ class ReasoningGymTask(Task):
     def _base_seed(self, seed: int) -> int:
         return random.Random(f"reasoning_gym:{seed}").randrange(2**30)
 
-    @cached_property
-    def _train(self) -> tuple[int, Any]:
-        return self.run_seed, self._create(self._base_seed(self.run_seed), self.train_size)
-
     def _train_dataset(self, seed: int) -> Any:
-        if self._train[0] != seed:
-            self.__dict__["_train"] = (seed, self._create(self._base_seed(seed), self.train_size))
+        """The training dataset of run seed `seed` (kept for the last seed asked)."""
+        if self._train is None or self._train[0] != seed:
+            self._train = (seed, self._create(self._base_seed(seed), self.train_size))
         return self._train[1]
 
     def _example(self, entry: Mapping[str, Any]) -> Example:
