@@ -21,21 +21,31 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from llm_pg.callbacks import IterationCheckpoint, progress_bar
-from llm_pg.callbacks.checkpoint import VerifiedCheckpointIO, newest_verified, read_header, verify
+from llm_pg.callbacks.checkpoint import (
+    VerifiedCheckpointIO,
+    newest_verified,
+    read_header,
+    usable,
+    usable_header,
+    verify,
+)
 from llm_pg.console import silence_known_noise
 from llm_pg.data.datamodule import PromptGroupDataModule
 from llm_pg.entry import is_own, run_own
+from llm_pg.guards import RunStopped
 from llm_pg.loggers import default_loggers
 from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.run_config import class_defaults, config_changes, plain_config
-from llm_pg.runs import RunDirError, RunLock, claim, is_rank_zero, mark_complete, trim_logs
+from llm_pg.run_logs import trim_logs
+from llm_pg.runs import RunDirError, RunLock, claim, is_rank_zero, mark_complete, run_directory, trained_contents
 from llm_pg.summary import finish_run
-from llm_pg.user_modules import add_config_dirs
+from llm_pg.user_modules import add_config_dirs, config_files
 
 
 def _debug() -> bool:
@@ -58,8 +68,29 @@ class OneLineErrorParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if _debug() or not self.exit_on_error:
             return super().error(message, ex)
+        if str(message).startswith("Unexpected config"):
+            message = _not_a_mapping(sys.argv[1:]) or message
         sys.stderr.write(f"llm-pg: error: {one_line(message)} (--debug: details)\n")
         sys.exit(2)
+
+
+def _not_a_mapping(words: list[str]) -> str | None:
+    """The sentence for a `--config` file that is empty, only comments, or not a mapping of keys (jsonargparse says
+    only "Unexpected config")."""
+    import yaml
+
+    for path in config_files(words):
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if not isinstance(loaded, dict):
+            what = "empty (or only comments)" if loaded is None else f"a YAML {type(loaded).__name__}, not a mapping"
+            return (
+                f"config file {path} is {what}; give a YAML mapping of settings (model:, data:, trainer:, ...), "
+                "e.g. a copy of configs/tiny/format_copy_grpo.yaml"
+            )
+    return None
 
 
 class RunInterrupted(Exception):
@@ -147,11 +178,32 @@ class LLMPGCLI(LightningCLI):
             torch.set_num_threads(config.torch_threads)
         if config.run_name is None:
             config.run_name = _default_run_name(config)
-        config.trainer.default_root_dir = str(Path(config.runs_root) / config.run_name)
+        config.trainer.default_root_dir = str(run_directory(config.runs_root, config.run_name))  # a name, inside
         if self.subcommand == "fit":  # evaluation during fit is the EvalCallback's, by iteration
             config.trainer.limit_val_batches = 0
             config.trainer.num_sanity_val_steps = 0
-            self._prepare_run(config)
+
+    def _preflight(self, config) -> None:
+        """Before the run dir is touched (the module's and the datamodule's constructors have checked their keys):
+        the task's data loads and keeps rows, so a data problem is one line naming the file, not a failure in fit."""
+        task = self.datamodule.task
+        try:
+            task.prepare()
+        except UnicodeDecodeError as error:  # a ValueError, but one that names no file
+            files = getattr(task, "data_files", None) or getattr(task, "dataset", None)
+            raise ValueError(
+                f"data.task: {type(task).__name__} data ({files}) is not UTF-8 text ({error.reason} at byte "
+                f"{error.start}); save the file as UTF-8"
+            ) from None
+        except ValueError:
+            raise
+        except Exception as error:  # a reader's own error (pyarrow's, ...) that names no file
+            files = getattr(task, "data_files", None) or getattr(task, "dataset", None)
+            where = f" ({files})" if files else ""
+            raise ValueError(
+                f"data.task: {type(task).__name__} could not load its data{where}: {type(error).__name__}: "
+                f"{one_line(str(error))[:300]}; check the file (UTF-8 JSON lines, JSON, Parquet or CSV)"
+            ) from None
 
     def _prepare_run(self, config) -> None:
         """Own the run dir, pick the checkpoint to resume from, check it was trained under this config, and
@@ -165,8 +217,16 @@ class LLMPGCLI(LightningCLI):
             return
         path = _resolve_checkpoint(str(config.ckpt_path), directory / "checkpoints", announce=owner)
         if path is None:
+            cadence = config.checkpoint
+            trained = trained_contents(directory, min(cadence.last_every_n_iterations, cadence.every_n_iterations))
+            if trained:  # never start afresh over a trained run: its results would be replaced
+                raise RunDirError(
+                    f"run dir {directory} holds a trained run ({', '.join(trained)}) but no checkpoint to continue "
+                    "from; --overwrite true moves it aside and starts afresh, or pick a new --run_name"
+                )
             config.ckpt_path = None
             if owner:
+                print(f"llm-pg: no checkpoint in {directory / 'checkpoints'}: starting afresh", flush=True)
                 trim_logs(directory, None)
             return
         config.ckpt_path = str(path)
@@ -183,22 +243,35 @@ class LLMPGCLI(LightningCLI):
             trim_logs(directory, iteration, final=iteration >= config.model.init_args.iterations)
 
     def instantiate_trainer(self, **kwargs):
+        """Settings first (the module's and datamodule's constructors have run; the trainer's keys are checked by
+        building it), then the task's data, and only then the run directory (`_prepare_run`)."""
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        if self.subcommand == "fit":
+            self._preflight(config)
         if config.trainer.logger in (None, True):
-            resume = self.session.resume_iteration is not None
             log_dir = Path(config.trainer.default_root_dir)
             if self.subcommand not in (None, "fit"):  # `validate` must not replace a trained run's metrics.csv
                 log_dir = log_dir / self.subcommand
-            kwargs["logger"] = default_loggers(str(log_dir), config.run_name, config.wandb_project, resume)
+            kwargs["logger"] = default_loggers(str(log_dir), config.run_name, config.wandb_project)
         if not config.trainer.get("plugins"):
             kwargs["plugins"] = [VerifiedCheckpointIO()]
         if config.trainer.get("enable_progress_bar") is not False:
             kwargs["callbacks"] = [*(config.trainer.get("callbacks") or []), progress_bar()]
+        try:
+            trainer = super().instantiate_trainer(**kwargs)  # writes nothing to the run dir yet
+        except (MisconfigurationException, TypeError, ValueError) as error:  # Lightning's check of a trainer key
+            message = one_line(str(error))
+            accelerator = config.trainer.get("accelerator")
+            if "`" not in message and accelerator not in (None, "auto"):  # e.g. "No supported gpu backend found!"
+                message = f"accelerator={accelerator}: {message} Use --trainer.accelerator auto (or cpu) here"
+            raise ValueError(f"trainer.{message}; see `llm-pg fit --help` for the trainer keys") from None
+        if self.subcommand == "fit":
+            self._prepare_run(self.config[self.subcommand])  # the parsed config (plain values), not the objects
+            config.ckpt_path = self.config[self.subcommand].ckpt_path  # what fit resumes from, as resolved
         checkpoint = config.get("checkpoint")
         if isinstance(checkpoint, IterationCheckpoint):
             checkpoint.run_config = self.session.run_config
             self.session.checkpoint = checkpoint
-        trainer = super().instantiate_trainer(**kwargs)
         if self.session.checkpoint is not None:
             trainer.callbacks.insert(0, self.session.checkpoint.save_before_rollout)
         return trainer
@@ -210,6 +283,8 @@ class LLMPGCLI(LightningCLI):
         """`COMPLETE` once the run reached its final iteration and wrote `final/`; then the run's report and summary."""
         trainer, module = self.trainer, self.model
         directory = Path(trainer.default_root_dir)
+        if module.stop_reason is not None:  # diverged: saved and logged, but neither final/ nor COMPLETE
+            raise RunStopped(module.stop_reason)
         if not trainer.is_global_zero or trainer.state.status != TrainerStatus.FINISHED:
             return
         if module.iteration >= module.hparams.iterations and (directory / "final").is_dir():
@@ -222,10 +297,14 @@ def _resolve_checkpoint(ckpt_path: str, directory: Path, announce: bool) -> Path
     file, if it verifies. Lightning's other names (`best`, `hpc`) are not used by these runs."""
     if ckpt_path != "last":
         reason = verify(ckpt_path)
-        if reason not in (None, "no .sha256 beside it"):
+        if reason == "no .sha256 beside it":
+            reason = usable_header(ckpt_path)
+        elif reason is None:
+            reason = usable(ckpt_path)
+        if reason is not None:
             raise RunDirError(f"--ckpt_path {ckpt_path}: {reason}; give another checkpoint or --ckpt_path last")
         return Path(ckpt_path)
-    path, skipped = newest_verified(directory)
+    path, skipped = newest_verified(directory)  # verified, and its header passes the safe loader
     if announce:
         for note in skipped:
             print(f"llm-pg: {note}", flush=True)
@@ -286,6 +365,11 @@ def main(argv: list[str] | None = None) -> None:
         run_cli(None, session)
     except RunInterrupted as stop:
         print(stop, file=sys.stderr, flush=True)
+        sys.exit(stop.exit_code)
+    except RunStopped as stop:  # diverged, or a reward that is not a finite number: nothing marked complete
+        if _debug():
+            raise
+        print(f"llm-pg: run stopped: {stop}", file=sys.stderr, flush=True)
         sys.exit(stop.exit_code)
     except ValueError as error:  # a constructor's check, a run-dir or checkpoint refusal: the sentence is enough
         if _debug() or session.fitting:

@@ -21,6 +21,7 @@ import torch
 
 from llm_pg.data.tasks.base import Example, Task
 from llm_pg.rollout import derive_seed
+from llm_pg.guards import checked_scores
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -95,6 +96,7 @@ def _evaluate_shard(
             chat_template=hp.chat_template,
         ).texts
         completions.extend(texts)
+        checked_scores(task, texts, batch, module.iteration, "evaluation at")  # a reward that raises stops the run
         for name, value in task.eval_metrics(texts, batch).items():
             sums[name] = sums.get(name, 0.0) + value * len(batch)
     if hp.eval_samples > 0 and examples:

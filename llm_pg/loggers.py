@@ -4,53 +4,76 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import os
-import warnings
 from pathlib import Path
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-# The run dir always holds files when the CSV logger starts (its `.lock`; a resumed run's logs): `llm_pg.runs.claim`
-# has already checked that this run owns it, so Lightning's warning about a non-empty directory says nothing here.
-NOT_EMPTY = r"Experiment logs directory .* exists and is not empty"
+from llm_pg.runs import write_text_atomic
+
+
+class AtomicExperimentWriter(ExperimentWriter):
+    """Lightning's CSV writer, except that it never deletes `metrics.csv` and every rewrite is atomic.
+
+    Lightning's writer deletes an existing `metrics.csv` when it starts and rewrites the whole file in place when a
+    new column appears: a kill or a full disk in either window loses the run's metrics. This one adopts the file it
+    finds (its header becomes the column list, so rows are appended under it) and rewrites through a temp file,
+    fsync and `os.replace`. A fresh start finds no file: `llm_pg.runs.claim` and `llm_pg.run_logs.trim_logs` have
+    made sure the file there, if any, holds only rows this run replays.
+    """
+
+    def _check_log_dir_exists(self) -> None:
+        path = Path(self.metrics_file_path)
+        if path.is_file() and path.stat().st_size:
+            with path.open(newline="") as f:
+                self.metrics_keys = next(csv.reader(f), [])
+
+    def save(self) -> None:
+        keys = list(self.metrics_keys)
+        try:
+            super().save()
+        except BaseException:  # nothing was written: the next save must still see the new columns as new
+            self.metrics_keys = keys
+            raise
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        path = Path(self.metrics_file_path)
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        out = io.StringIO(newline="")
+        writer = csv.DictWriter(out, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text_atomic(path, out.getvalue())
 
 
 class ResumableCSVLogger(CSVLogger):
-    """A CSVLogger writing `<run dir>/metrics.csv` that, when `resume` is set, keeps the rows already there.
+    """A CSVLogger writing `<run dir>/metrics.csv` with `AtomicExperimentWriter`: a resumed run appends to the rows
+    already there (the CLI has dropped those of iterations after the checkpoint, `llm_pg.run_logs.trim_logs`, so the
+    replay writes each iteration's row once). Rows reach the file when the checkpoint callback flushes the loggers,
+    after every iteration."""
 
-    Lightning's CSVLogger deletes an existing metrics.csv when it starts; a resumed run must append. Before
-    a resume the CLI has dropped the rows of iterations after the checkpoint (`llm_pg.runs.trim_logs`), so
-    the replay writes each iteration's row once. Rows reach the file when the checkpoint callback flushes
-    the loggers, before every checkpoint write.
-    """
-
-    def __init__(self, run_dir: str, resume: bool = False) -> None:
+    def __init__(self, run_dir: str) -> None:
         super().__init__(save_dir=run_dir, name="", version="")
-        self.resume = resume
 
     @property
     @rank_zero_experiment
-    def experiment(self):
+    def experiment(self) -> AtomicExperimentWriter:
         if self._experiment is None:
-            path = Path(self.log_dir) / "metrics.csv"
-            kept = path.read_bytes() if self.resume and path.is_file() else None
-            with warnings.catch_warnings():  # only around the writer's creation, the one place it warns
-                warnings.filterwarnings("ignore", message=NOT_EMPTY)
-                experiment = super().experiment  # creating the writer deletes an existing metrics.csv
-            if kept:
-                path.write_bytes(kept)
-                with path.open(newline="") as f:
-                    experiment.metrics_keys = next(csv.reader(f))
+            Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+            self._experiment = AtomicExperimentWriter(log_dir=self.log_dir)
         return self._experiment
 
 
-def default_loggers(run_dir: str, run_name: str, wandb_project: str | None, resume: bool) -> list[Logger]:
+def default_loggers(run_dir: str, run_name: str, wandb_project: str | None) -> list[Logger]:
     """CSV in `run_dir`, plus W&B with a run id fixed by the run name, so a resumed run continues its curves.
 
     W&B prints nothing of its own offline (the run's summary gives the `wandb sync` command) and only its run and
     project links online."""
-    loggers: list[Logger] = [ResumableCSVLogger(run_dir, resume=resume)]
+    loggers: list[Logger] = [ResumableCSVLogger(run_dir)]
     if wandb_project and os.environ.get("WANDB_MODE") != "disabled":
         import wandb
 

@@ -1,21 +1,22 @@
-"""Run directories: where a run writes, who owns it, when it is finished, and what a resume keeps.
+"""Run directories: where a run writes, who owns it, and when it is finished.
 
-A run directory `<runs_root>/<run_name>/` belongs to one run. `claim` makes that so: it takes `<dir>/.lock`
-(an `fcntl.flock` on a file holding the owner's pid and host, released by the kernel when the process ends,
-so a killed run leaves no stale lock) and refuses a fresh start into a directory that already holds a run.
-`COMPLETE` is written last, after `final/`, and only when training reached its last iteration: it, not
-`final/`, says a run is finished. On resume from iteration `k`, `trim_logs` drops every logged row of a later
-iteration, so the replay writes each iteration's rows exactly once.
+A run directory `<runs_root>/<run_name>/` belongs to one run, and a run name is a name: `run_directory` accepts only
+a non-empty relative path without `.`/`..` parts that resolves strictly inside the runs root and neither lies inside
+another run nor holds runs of its own. `claim` then takes `<dir>/.lock` (an `fcntl.flock` on a file holding the
+owner's pid and host, released by the kernel when the process ends, so a killed run leaves no stale lock) and refuses
+a fresh start into a directory that already holds a run; `--overwrite true` renames the whole directory to
+`<dir>.old-<time>` in one atomic rename, so an interrupted overwrite leaves the old run whole on one side or the other.
+Nothing here deletes a file of a run. `COMPLETE` is written last, after `final/`, and only when training reached its
+last iteration: it, not `final/`, says a run is finished. What a resume keeps of the logs is `llm_pg.run_logs`.
 """
 
 from __future__ import annotations
 
-import csv
 import errno
 import fcntl
 import json
 import os
-import shutil
+import re
 import socket
 import time
 from pathlib import Path
@@ -23,11 +24,100 @@ from pathlib import Path
 import lightning as L
 
 LOCK, COMPLETE = ".lock", "COMPLETE"
+NAME_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@,-]*$")  # one folder of a run name
 OWNERSHIP_HELP = "continue it with --ckpt_path last, pick a new --run_name, or --overwrite true (moves it aside)"
 
 
 class RunDirError(ValueError):
     """A run directory cannot be used as asked; the message says why and the ways out."""
+
+
+def runs_root_dir(runs_root: str) -> Path:
+    """`runs_root` as an existing directory (created when missing); a file there, or a folder that cannot be
+    created, is a one-line error."""
+    root = Path(runs_root).expanduser()
+    if not str(runs_root).strip():
+        raise RunDirError("--runs_root is empty; give the folder that holds the run directories (default: runs)")
+    if root.exists() and not root.is_dir():
+        raise RunDirError(f"--runs_root {runs_root} is a file, not a folder; give a folder for the run directories")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise RunDirError(f"--runs_root {runs_root} cannot be created ({reason}); give a writable folder") from None
+    return root
+
+
+def run_directory(runs_root: str, run_name: str) -> Path:
+    """`<runs_root>/<run_name>` after checking that the name is a name (module docstring); RunDirError otherwise.
+
+    Allowed: folders of letters, digits and `_ . + = @ , -` (not starting with `.` or `-`) joined by `/`, such as
+    `tiny_grpo` or `sweeps/lr_3e-5_seed1`. The resolved directory must lie strictly inside the resolved runs root
+    (a symlinked folder pointing out of it is refused), must not be inside another run's directory, and must not
+    hold run directories of its own."""
+    rule = "a run name is one or more folders of letters, digits and _.+=@,- joined by / (e.g. sweeps/lr_a)"
+    parts = str(run_name).split("/")
+    if not str(run_name) or str(run_name).startswith("/") or not all(NAME_PART.match(p) for p in parts):
+        raise RunDirError(f"--run_name {run_name!r} is not allowed: {rule}, relative to --runs_root")
+    root = runs_root_dir(runs_root)
+    directory = root / Path(*parts)
+    real_root = root.resolve()
+    real = directory.resolve()
+    if real == real_root or real_root not in real.parents:
+        raise RunDirError(f"--run_name {run_name!r} resolves to {real}, outside --runs_root {real_root}; {rule}")
+    for parent in directory.relative_to(root).parents:
+        if parent != Path(".") and holds_run(root / parent):
+            raise RunDirError(
+                f"--run_name {run_name!r} lies inside the run directory {root / parent}; pick a name outside it"
+            )
+    if directory.is_dir():
+        inner = next((d for d in directory.rglob(LOCK) if d.parent != directory), None)
+        if inner is not None:
+            raise RunDirError(
+                f"run dir {directory} holds other runs ({inner.parent}); give the run a folder of its own (--run_name)"
+            )
+    return directory
+
+
+def holds_run(path: str | Path) -> bool:
+    """A directory some run has used: it has a lock file, a config, metrics, checkpoints, `final/` or `COMPLETE`."""
+    path = Path(path)
+    return path.is_dir() and any(
+        (path / name).exists() for name in (LOCK, "config.yaml", "metrics.csv", "checkpoints", "final", COMPLETE)
+    )
+
+
+def trained_contents(path: str | Path, first_save: int = 1) -> list[str]:
+    """What in a run directory says a run trained there and saved it (empty when nothing does): `COMPLETE`,
+    `final/`, checkpoint files, or metrics rows of an iteration after `first_save` (the first iteration a checkpoint
+    is written for: rows up to it are what a run killed before its first checkpoint leaves, which a fresh start
+    replays)."""
+    path = Path(path)
+    found = [name for name in (COMPLETE, "final/") if (path / name.rstrip("/")).exists()]
+    if any((path / "checkpoints").glob("*.ckpt")):
+        found.append("checkpoints/*.ckpt")
+    last = _last_logged_iteration(path / "metrics.csv")
+    if last > first_save:
+        found.append(f"metrics.csv with rows up to iteration {last}")
+    return found
+
+
+def _last_logged_iteration(metrics: Path) -> int:
+    """The largest `step` of `metrics.csv` (-1 when it has none or cannot be read)."""
+    import csv
+
+    try:
+        with metrics.open(newline="") as f:
+            return int(max((_float(row.get("step")) for row in csv.DictReader(f)), default=-1))
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return -1
+
+
+def _float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return -1.0
 
 
 def run_dir(trainer: L.Trainer) -> Path:
@@ -63,7 +153,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Temp file in the same directory, fsync, `os.replace`: readers see the old text or the new, never a part."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "w", newline="") as f:  # newline="": the text's own line ends (the CSV's \r\n) are kept
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -143,7 +233,8 @@ def _owner_alive(path: Path) -> bool:
 def claim(directory: str | Path, resume: bool, overwrite: bool) -> RunLock:
     """Lock `directory` for this run; a fresh start (`resume` False) needs it empty or `overwrite`.
 
-    `overwrite` moves the old run to `<dir>.old-<timestamp>/`: nothing is ever deleted.
+    `overwrite` renames the old run's whole directory to `<dir>.old-<timestamp>` (one atomic rename, under the old
+    run's lock) and starts in a new, empty one: nothing is ever deleted.
     """
     directory = Path(directory)
     if resume and overwrite:
@@ -151,84 +242,28 @@ def claim(directory: str | Path, resume: bool, overwrite: bool) -> RunLock:
     directory.mkdir(parents=True, exist_ok=True)
     lock = RunLock.acquire(directory)
     for stale in [*directory.glob(".*.tmp-*"), *directory.glob("checkpoints/.*.tmp-*")]:
-        stale.unlink(missing_ok=True)  # a killed writer's half-written file: with the lock held, no one writes it
+        stale.unlink(missing_ok=True)  # a killed writer's half-written temp file: with the lock held, no one writes it
     if has_contents(directory) and not resume:
         if not overwrite:
             lock.release()
             raise RunDirError(f"run dir {directory} already holds a run: {OWNERSHIP_HELP}")
-        aside = move_aside(directory)
+        try:
+            aside = move_aside(directory)
+        finally:
+            lock.release()  # the old run's lock went with it (or stays, if the rename failed); a new one below
+        directory.mkdir()
+        lock = RunLock.acquire(directory)
         print(f"llm-pg: moved the previous run in {directory} to {aside}", flush=True)
     return lock
 
 
 def move_aside(directory: Path) -> Path:
-    """Move everything but the lock into a new sibling `<dir>.old-<timestamp>`; returns it."""
+    """Rename `directory` to a new sibling `<dir>.old-<timestamp>` in one atomic rename; returns it."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside = directory.with_name(f"{directory.name}.old-{stamp}")
     suffix = 1
     while aside.exists():
         aside, suffix = directory.with_name(f"{directory.name}.old-{stamp}-{suffix}"), suffix + 1
-    aside.mkdir()
-    for entry in directory.iterdir():
-        if entry.name != LOCK:
-            shutil.move(str(entry), aside / entry.name)
+    os.rename(directory, aside)  # atomic on one filesystem; a sibling is always on the same one
+    fsync_dir(directory.parent)
     return aside
-
-
-def trim_logs(directory: str | Path, iteration: int | None, final: bool = False) -> None:
-    """Before a run continues from the checkpoint of `iteration`, drop what later iterations logged.
-
-    `metrics.csv` keeps rows with `step <= iteration` (and drops a row cut short by a kill);
-    `generations.jsonl` keeps rows sampled for iterations `< iteration` (a row's `iteration` is the one it was
-    sampled for, one less than the step that logged it); `eval/iter_j.jsonl` files with `j > iteration` go, and
-    so does `COMPLETE` (the run is training again). `iteration` None: a fresh start, every log goes. `final`:
-    the checkpoint is the run's last iteration, whose end-of-training evaluation the resume runs again, so that
-    evaluation's row goes too.
-    """
-    directory = Path(directory)
-    (directory / COMPLETE).unlink(missing_ok=True)
-    metrics, generations = directory / "metrics.csv", directory / "generations.jsonl"
-    if iteration is None:
-        metrics.unlink(missing_ok=True)
-        generations.unlink(missing_ok=True)
-        shutil.rmtree(directory / "eval", ignore_errors=True)
-        return
-    if metrics.is_file():
-        _trim_csv(metrics, iteration, final)
-    if generations.is_file():
-        kept = []
-        for line in generations.read_text().splitlines():
-            try:
-                if json.loads(line)["iteration"] < iteration:
-                    kept.append(line + "\n")
-            except (ValueError, KeyError, TypeError):  # a line cut short by a kill
-                continue
-        write_text_atomic(generations, "".join(kept))
-    for path in (directory / "eval").glob("iter_*.jsonl"):
-        if int(path.stem.removeprefix("iter_")) > iteration:
-            path.unlink()
-
-
-def _trim_csv(path: Path, iteration: int, final: bool) -> None:
-    with path.open(newline="") as f:
-        rows = list(csv.reader(f))
-    if not rows or "step" not in rows[0]:
-        path.unlink()
-        return
-    header, step = rows[0], rows[0].index("step")
-    evaluation = [i for i, name in enumerate(header) if name.startswith("eval/") or name == "time/eval"]
-    kept = [header]
-    for row in rows[1:]:
-        try:
-            if len(row) != len(header) or float(row[step]) > iteration:
-                continue
-        except ValueError:
-            continue
-        logged = {i for i, value in enumerate(row) if value != "" and i != step}
-        if final and float(row[step]) == iteration and logged and logged <= set(evaluation):
-            continue  # the final evaluation, which the resume repeats
-        kept.append(row)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", newline="") as f:
-        csv.writer(f).writerows(kept)  # Lightning's CSV writer ends lines with \r\n too
-    os.replace(tmp, path)

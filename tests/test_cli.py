@@ -194,7 +194,7 @@ def test_ablation_sweep_overrides_keys_of_the_grpo_reference():
         ("--model.init_args.minibatch_size=64", "larger than one iteration's 8 rows"),
         ("--model.init_args.group_size=1", "model.group_size must be >= 2"),
         ("--model.init_args.model_name_or_path=./no/such/model", "no model directory at './no/such/model'"),
-        ("--model.init_args.kl_coef=-1", "model.kl_coef must be >= 0"),
+        ("--model.init_args.kl_coef=-1", "model.kl_coef must be >= 0 and < 100"),
     ],
 )
 def test_bad_settings_name_the_key_and_the_fix(tmp_path, override, message):
@@ -257,7 +257,7 @@ def test_wandb_offline_prints_nothing_of_its_own(tmp_path, monkeypatch, capfd):
     from llm_pg.loggers import default_loggers
     from llm_pg.summary import offline_wandb_dir
 
-    loggers = default_loggers(str(tmp_path), "run", "llm_pg_test", resume=False)
+    loggers = default_loggers(str(tmp_path), "run", "llm_pg_test")
     run = loggers[1].experiment
     run.log({"train/reward": 1.3})
     trainer = type("Trainer", (), {"loggers": loggers})()

@@ -17,7 +17,8 @@ from conftest import ROOT, SMALL, fit
 from llm_pg.callbacks.checkpoint import read_header, verify
 from llm_pg.cli import RunInterrupted, main
 from llm_pg.run_config import config_changes
-from llm_pg.runs import RunDirError, RunLock, is_complete, is_rank_zero, trim_logs
+from llm_pg.run_logs import trim_logs
+from llm_pg.runs import RunDirError, RunLock, is_complete, is_rank_zero
 
 DIGITS = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
 

@@ -143,15 +143,30 @@ def checkpoint_iteration(path: Path) -> int:
     return int(found.group(1)) if found else -1
 
 
+def usable(path: str | Path) -> str | None:
+    """None when `path` verifies (`verify`) and its header loads with the safe loader (`read_header`, which never
+    runs pickled code), else why not."""
+    return verify(path) or usable_header(path)
+
+
+def usable_header(path: str | Path) -> str | None:
+    """None when the header of `path` loads with the safe loader, else why not."""
+    try:
+        read_header(path)
+    except Exception as error:  # pickle.UnpicklingError for code or unknown types; RuntimeError for a non-zip file
+        return f"refused by the safe loader: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+    return None
+
+
 def newest_verified(directory: str | Path) -> tuple[Path | None, list[str]]:
-    """The checkpoint to resume from: `last.ckpt` if it verifies, else the newest `iter_*.ckpt` that does;
-    and a note for every damaged one passed over."""
+    """The checkpoint to resume from: `last.ckpt` if it is usable (`usable`), else the newest `iter_*.ckpt` that
+    is; and a note for every damaged one passed over."""
     directory = Path(directory)
     candidates = [directory / LAST] if (directory / LAST).exists() else []
     candidates += sorted(directory.glob("iter_*.ckpt"), key=checkpoint_iteration, reverse=True)
     skipped = []
     for path in candidates:
-        reason = verify(path)
+        reason = usable(path)
         if reason is None:
             return path, skipped
         skipped.append(f"skipped {path} ({reason})")
@@ -292,11 +307,19 @@ class IterationCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             if iteration % self.every_n_iterations == 0 or iteration >= module.hparams.iterations:
                 copy_checkpoint(last, directory / f"iter_{iteration:05d}.ckpt")
-                for old in sorted(directory.glob("iter_*.ckpt"), key=checkpoint_iteration)[: -self.keep_last]:
-                    old.unlink(missing_ok=True)
-                    hash_path(old).unlink(missing_ok=True)
+                self._rotate(directory, module.divergence.healthy_iteration)
             self.last_model_path = str(last)
         self.save_seconds.append(time.perf_counter() - start)
+
+    def _rotate(self, directory: Path, healthy_iteration: int) -> None:
+        """Drop the oldest `iter_*.ckpt` beyond `keep_last`, never the newest one of an iteration at or before
+        `healthy_iteration` (the last before a streak of skipped or non-finite iterations: the one to go back to)."""
+        copies = sorted(directory.glob("iter_*.ckpt"), key=checkpoint_iteration)
+        healthy = [path for path in copies if checkpoint_iteration(path) <= healthy_iteration][-1:]
+        for old in copies[: -self.keep_last]:
+            if old not in healthy:
+                old.unlink(missing_ok=True)
+                hash_path(old).unlink(missing_ok=True)
 
     @staticmethod
     def _flush_loggers(trainer: L.Trainer) -> None:

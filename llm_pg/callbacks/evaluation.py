@@ -29,12 +29,12 @@ class EvalCallback(Callback):
             self._evaluate(trainer, module)
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args) -> None:
-        if module.iteration % module.hparams.eval_every == 0:
+        if module.iteration % module.hparams.eval_every == 0 and module.stop_reason is None:
             self._evaluate(trainer, module)
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         # Also when a resumed run was already complete: the resume dropped its final eval (`runs.trim_logs`).
-        if self.last_evaluated != module.iteration:
+        if self.last_evaluated != module.iteration and module.stop_reason is None:  # a diverged policy: no eval
             self._evaluate(trainer, module)
 
     def _evaluate(self, trainer: L.Trainer, module: L.LightningModule) -> None:

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from llm_pg.engines import HFEngine, SamplerHealth, build_engine
 from llm_pg.evaluation import evaluate
+from llm_pg.guards import DivergenceGuard, RunStopped, weights_finite
 from llm_pg.models import (
     LoRA,
     default_dtype,
@@ -105,6 +106,9 @@ class PolicyGradientModule(L.LightningModule, ABC):
             token's policy-gradient term is weighted by `min(exp(old_logp - sampler_logp), tis_cap)`, where
             `sampler_logp` is the engine's own log-prob of the token (vLLM; with HF the weight is exactly 1).
             Logs `rollout/tis_weight_mean` and `rollout/tis_clipped_frac`. See docs/algorithms.md, "TIS".
+        max_skipped_iterations: stop the run (exit 1, no `final/`, no `COMPLETE`) after this many consecutive
+            iterations in which every optimizer step was skipped as non-finite (or the loss was not finite); a
+            non-finite weight stops it at once (`llm_pg.guards`).
         seed: derives sampling, shuffling and dropout seeds (linked from the top-level `seed`).
     """
 
@@ -150,6 +154,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         vllm_max_num_batched_tokens: int | None = None,
         eval_batch_size: int | None = None,
         tis_cap: float | None = None,
+        max_skipped_iterations: int = 3,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -162,6 +167,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.iteration = 0  # RL iterations completed; saved in checkpoints
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
         self.optimizer_steps = 0
+        self.divergence = DivergenceGuard(max_skipped_iterations)
+        self.stop_reason: str | None = None  # set when the run must stop as failed (`llm_pg.guards.RunStopped`)
         self.latest_eval: dict[str, float] = {}
         self.elapsed_before = 0.0  # training seconds of earlier attempts (resume)
         self._clock = time.perf_counter()
@@ -328,6 +335,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         )
         scheduler.step()
         self.iteration += 1
+        self._check_divergence(grad_norms, metrics.get("train/loss", 0.0), metrics["train/lr"])
         self.trainer.datamodule.mark_consumed(batch["index"])
         if self.iteration >= hp.iterations:
             self.trainer.should_stop = True
@@ -342,6 +350,14 @@ class PolicyGradientModule(L.LightningModule, ABC):
         if "exact_match" in self.latest_eval:
             self.log("eval_em", self.latest_eval["exact_match"], prog_bar=True, on_step=True, logger=False)
 
+    def _check_divergence(self, grad_norms: list[float], loss: float, lr: float) -> None:
+        """Stop the run (after this iteration is logged and saved) when it diverged (`llm_pg.guards`)."""
+        try:
+            self.divergence.check(self.iteration, grad_norms, float(loss), weights_finite(self.policy), lr)
+        except RunStopped as stop:
+            self.stop_reason = str(stop)
+            self.trainer.should_stop = True
+
     def validation_step(self, batch: list, batch_idx: int) -> None:
         """`llm-pg validate`: greedy eval metrics of the current policy, averaged over the eval set."""
         with unsharded(self.policy):  # FSDP2: one gather, however many examples this rank decodes
@@ -351,6 +367,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
 
     def on_train_end(self) -> None:
         """The trained policy (the adapter alone with LoRA) and tokenizer, loadable by transformers/peft."""
+        if self.stop_reason is not None:  # a failed run leaves no trained policy behind to be mistaken for one
+            return
         state = full_state_dict(self.policy) if is_sharded(self.policy) else None  # FSDP2: every rank gathers
         if self.trainer.is_global_zero:
             out = run_dir(self.trainer) / "final"
@@ -368,6 +386,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
             "optimizer_steps": self.optimizer_steps,
             "latest_eval": dict(self.latest_eval),
             "elapsed": time.perf_counter() - self._clock,
+            "divergence": {"streak": self.divergence.streak, "healthy_iteration": self.divergence.healthy_iteration},
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -377,3 +396,6 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.optimizer_steps = state.get("optimizer_steps", 0)
         self.latest_eval = dict(state.get("latest_eval", {}))
         self.elapsed_before = state.get("elapsed", 0.0)
+        divergence = state.get("divergence", {})
+        self.divergence.streak = int(divergence.get("streak", 0))
+        self.divergence.healthy_iteration = int(divergence.get("healthy_iteration", self.iteration))

@@ -33,6 +33,12 @@ def _above(key: str, value: Any, low: float, fix: str) -> None:
         _fail(key, f"> {low}", value, fix)
 
 
+def _below(key: str, value: Any, low: float, high: float, fix: str, low_included: bool = False) -> None:
+    """`low < value < high` (`low <= value` when `low_included`): the upper bound is where no value can be meant."""
+    if not (_number(value) and (low <= value if low_included else low < value) and value < high):
+        _fail(key, f"{'>=' if low_included else '>'} {low:g} and < {high:g}", value, fix)
+
+
 def check_settings(hp: dict[str, Any]) -> None:
     """Raise ValueError for the first key of `hp` (a module's init args) whose value cannot work."""
     _at_least("iterations", hp["iterations"], 1, "set how many RL iterations to train")
@@ -46,13 +52,13 @@ def check_settings(hp: dict[str, Any]) -> None:
             f"model.minibatch_size={hp['minibatch_size']} is larger than one iteration's {rows} rows "
             f"(prompts_per_step {hp['prompts_per_step']} x group_size {hp['group_size']}); lower minibatch_size"
         )
-    _at_least("kl_coef", hp["kl_coef"], 0, "0 turns the KL penalty (and the reference model) off")
-    _above("lr", hp["lr"], 0, "the course uses 3e-5")
-    _at_least("weight_decay", hp["weight_decay"], 0, "the course uses 0")
+    _below("kl_coef", hp["kl_coef"], 0, 100, "0 turns the KL penalty (and the reference off); the course uses 0.05", True)
+    _below("lr", hp["lr"], 0, 1, "the course uses 3e-5; a rate of 1 or more can only diverge")
+    _below("weight_decay", hp["weight_decay"], 0, 1, "AdamW's decoupled decay; the course uses 0", low_included=True)
     _at_least("warmup_steps", hp["warmup_steps"], 0, "0 disables the learning-rate warmup")
     _above("max_grad_norm", hp["max_grad_norm"], 0, "the course clips the gradient norm to 0.5")
     _above("adv_clip", hp["adv_clip"], 0, "advantages are clipped to +-adv_clip; the course uses 5.0")
-    _above("temperature", hp["temperature"], 0, "sampling needs a positive temperature; evaluation is greedy anyway")
+    _below("temperature", hp["temperature"], 0, 100, "sampling needs a positive temperature; the course uses 0.8")
     if not (_number(hp["top_p"]) and 0 < hp["top_p"] <= 1):
         _fail("top_p", "in (0, 1]", hp["top_p"], "1.0 turns nucleus sampling off")
     _at_least("max_new_tokens", hp["max_new_tokens"], 1, "the completion budget in tokens")
@@ -72,6 +78,13 @@ def check_settings(hp: dict[str, Any]) -> None:
     table_rows = hp["log_generations_rows"]
     if not (isinstance(table_rows, int) and not isinstance(table_rows, bool) and table_rows >= 1):
         _fail("log_generations_rows", "an integer >= 1", table_rows, "rows per completion table, in whole prompt groups")
+    if not (isinstance(hp["max_skipped_iterations"], int) and hp["max_skipped_iterations"] >= 1):
+        _fail(
+            "max_skipped_iterations",
+            "an integer >= 1",
+            hp["max_skipped_iterations"],
+            "consecutive iterations of only skipped (non-finite) steps before the run stops; 3 by default",
+        )
     if not (isinstance(hp["seed"], int) and hp["seed"] >= 0):
         _fail("seed", ">= 0", hp["seed"], "set the top-level `seed` to a non-negative integer")
     if hp["logprob_temperature"] is not None:

@@ -1,0 +1,143 @@
+"""Run names are names (llm_pg/runs.py `run_directory`, `claim`): nothing outside the runs root, nor another run, is
+ever created, moved or deleted, whatever `--run_name` / `--runs_root` a user types."""
+
+import os
+import sys
+
+import pytest
+from conftest import ROOT
+
+from llm_pg.cli import main
+from llm_pg.runs import RunDirError, claim, run_directory
+
+CONFIG = f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}"
+
+
+def snapshot(path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(path.rglob("*"))}
+
+
+@pytest.mark.parametrize(
+    "name", ["", "..", "../escape", "/abs/path", "a/../../b", ".", "./a", "a//b", ".hidden", "-x", "a\nb", "a\\b"]
+)
+def test_names_that_are_not_names_are_refused(tmp_path, name):
+    with pytest.raises(RunDirError, match=r"--run_name .* is not allowed: a run name is"):
+        run_directory(str(tmp_path / "runs"), name)
+    assert not (tmp_path / "runs").exists()  # refused before anything is created
+
+
+def test_subfolders_inside_the_root_are_names(tmp_path):
+    assert run_directory(str(tmp_path), "sweeps/lr_3e-5_seed1") == tmp_path / "sweeps" / "lr_3e-5_seed1"
+
+
+def test_a_symlink_out_of_the_runs_root_is_refused(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "outside").mkdir()
+    os.symlink(tmp_path / "outside", tmp_path / "runs" / "link")
+    with pytest.raises(RunDirError, match="outside --runs_root"):
+        run_directory(str(tmp_path / "runs"), "link/run")
+
+
+def test_a_run_inside_a_run_or_holding_runs_is_refused(tmp_path):
+    (tmp_path / "a" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "a" / ".lock").write_text("")
+    with pytest.raises(RunDirError, match=r"lies inside the run directory .*a"):
+        run_directory(str(tmp_path), "a/checkpoints")
+    (tmp_path / "sweeps" / "x").mkdir(parents=True)
+    (tmp_path / "sweeps" / "x" / ".lock").write_text("")
+    with pytest.raises(RunDirError, match=r"holds other runs"):
+        run_directory(str(tmp_path), "sweeps")
+
+
+def test_a_runs_root_that_is_a_file_or_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunDirError, match="is a file, not a folder"):
+        run_directory(str(tmp_path / "file"), "run")
+    with pytest.raises(RunDirError, match="cannot be created"):
+        run_directory(str(tmp_path / "file" / "below"), "run")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--run_name=../escape"], "--run_name '../escape' is not allowed"),
+        (["--run_name=/abs/path"], "--run_name '/abs/path' is not allowed"),
+        (["--run_name=", "--ckpt_path=last"], "--run_name '' is not allowed"),
+        (["--run_name=", "--overwrite=true"], "--run_name '' is not allowed"),
+        (["--run_name=..", "--overwrite=true"], "--run_name '..' is not allowed"),
+    ],
+)
+def test_the_cli_refuses_in_one_line_and_touches_nothing(tmp_path, capsys, monkeypatch, args, message):
+    """The issue's attacks: before, each trained into, swallowed or moved the runs root or its parent."""
+    monkeypatch.setattr(sys, "argv", ["llm-pg"])
+    monkeypatch.setenv("LLM_PG_DEBUG", "0")
+    root = tmp_path / "runs"
+    (root / "other_run").mkdir(parents=True)
+    (root / "other_run" / "metrics.csv").write_text("step\n1\n")
+    (root / "eval").mkdir()
+    (root / "eval" / "iter_00000.jsonl").write_text("{}\n")  # a user's file in the runs root itself
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", CONFIG, f"--runs_root={root}", "--wandb_project=null", *args])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert stop.value.code == 2 and len(lines) == 1 and message in lines[0], lines
+    assert snapshot(tmp_path) == before
+
+
+def test_runs_root_a_file_is_one_line_from_the_cli(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["llm-pg"])
+    monkeypatch.setenv("LLM_PG_DEBUG", "0")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", CONFIG, f"--runs_root={tmp_path / 'file'}", "--wandb_project=null"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert stop.value.code == 2 and len(lines) == 1 and "is a file, not a folder" in lines[0], lines
+
+
+def test_overwrite_is_one_rename_of_the_run_dir_and_nothing_else(tmp_path):
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "COMPLETE").write_text("{}")
+    (run / "metrics.csv").write_text("step\n1\n")
+    sibling = tmp_path / "other"
+    sibling.mkdir()
+    (sibling / "metrics.csv").write_text("step\n7\n")
+    inode = run.stat().st_ino
+    lock = claim(run, resume=False, overwrite=True)
+    lock.release()
+    (aside,) = tmp_path.glob("run.old-*")
+    assert aside.stat().st_ino == inode  # the same directory, renamed: not a copy, not a file-by-file move
+    assert sorted(p.name for p in aside.iterdir()) == [".lock", "COMPLETE", "final", "metrics.csv"]
+    assert [p.name for p in run.iterdir()] == [".lock"]
+    assert (sibling / "metrics.csv").read_text() == "step\n7\n"
+
+
+def test_a_kill_at_the_rename_leaves_the_whole_old_run_on_one_side(tmp_path, monkeypatch):
+    """Fault injected at the exact step: the process dies as the rename is attempted (before and after it)."""
+    import llm_pg.runs as runs
+
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "COMPLETE").write_text("{}")
+    (run / "metrics.csv").write_text("step\n1\n")
+    real_rename = os.rename
+
+    def die_before(src, dst):
+        raise KeyboardInterrupt  # stands for a kill: nothing after this line runs
+
+    monkeypatch.setattr(runs.os, "rename", die_before)
+    with pytest.raises(KeyboardInterrupt):
+        claim(run, resume=False, overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "COMPLETE", "final", "metrics.csv"]
+    assert not list(tmp_path.glob("run.old-*"))
+
+    def die_after(src, dst):
+        real_rename(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs.os, "rename", die_after)
+    with pytest.raises(KeyboardInterrupt):
+        claim(run, resume=False, overwrite=True)
+    (aside,) = tmp_path.glob("run.old-*")
+    assert sorted(p.name for p in aside.iterdir()) == [".lock", "COMPLETE", "final", "metrics.csv"]
+    assert not run.exists()  # no half-run left under the old name for a sweep to count as finished
