@@ -342,3 +342,38 @@ def test_multi_node_launch_needs_the_cluster_size_it_was_defined_with(launch):
         launch.main.info.raw_f(*argv)  # fails before anything reaches Modal
     with pytest.raises(SystemExit, match="--local runs on this machine only"):
         launch.local(launch.parse_launch_args(["--config", "configs/tiny/format_copy_grpo.yaml", "--nodes", "2"]))
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_runs_every_step_and_ends_with_its_json(tmp_path):
+    """benchmarks/gpu_check.sh --smoke: the GPU check's steps on the CPU (vLLM's only where it is installed)."""
+    import json
+    import subprocess
+
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path), "BUDGET_S": "900", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks/gpu_check.sh"), "--smoke"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    expected = ["environment", "imports", "tiny_hf", "iteration_hf"]
+    expected += ["tiny_vllm", "iteration_vllm"] if has_vllm else []
+    assert sorted(s["step"] for s in result["steps"]) == sorted(expected)
+    assert all(s["status"] == "ok" for s in result["steps"]), result["steps"]
+    assert result["environment"]["torch"] == __import__("torch").__version__
+    assert len(result["tiny_hf_exact_match"]) == 2
+    for engine in ["hf", "vllm"] if has_vllm else ["hf"]:
+        figures = result[f"iteration_{engine}"]
+        assert figures["engine"] == engine and figures["smoke"] is True
+        assert figures["decode_ms_per_token"] > 0 and figures["tokens_per_s"] > 0 and figures["update_s"] > 0
+        assert set(figures["projected_hours"]) == {
+            "math_hard_grpo",
+            "math_hard_reinforce",
+            "format_copy_grpo",
+            "format_copy_reinforce",
+        }
