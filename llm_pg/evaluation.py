@@ -20,8 +20,8 @@ import lightning as L
 import torch
 
 from llm_pg.data.tasks.base import Example, Task
-from llm_pg.rollout import derive_seed
 from llm_pg.guards import checked_scores
+from llm_pg.rollout import derive_seed
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:

@@ -52,7 +52,7 @@ def check_settings(hp: dict[str, Any]) -> None:
             f"model.minibatch_size={hp['minibatch_size']} is larger than one iteration's {rows} rows "
             f"(prompts_per_step {hp['prompts_per_step']} x group_size {hp['group_size']}); lower minibatch_size"
         )
-    _below("kl_coef", hp["kl_coef"], 0, 100, "0 turns the KL penalty (and the reference off); the course uses 0.05", True)
+    _below("kl_coef", hp["kl_coef"], 0, 100, "0: no KL penalty (and no reference); the course uses 0.05", True)
     _below("lr", hp["lr"], 0, 1, "the course uses 3e-5; a rate of 1 or more can only diverge")
     _below("weight_decay", hp["weight_decay"], 0, 1, "AdamW's decoupled decay; the course uses 0", low_included=True)
     _at_least("warmup_steps", hp["warmup_steps"], 0, "0 disables the learning-rate warmup")
@@ -77,7 +77,9 @@ def check_settings(hp: dict[str, Any]) -> None:
     _at_least("log_generations_every", hp["log_generations_every"], 0, "0 logs no completion tables")
     table_rows = hp["log_generations_rows"]
     if not (isinstance(table_rows, int) and not isinstance(table_rows, bool) and table_rows >= 1):
-        _fail("log_generations_rows", "an integer >= 1", table_rows, "rows per completion table, in whole prompt groups")
+        _fail(
+            "log_generations_rows", "an integer >= 1", table_rows, "rows per completion table, in whole prompt groups"
+        )
     if not (isinstance(hp["max_skipped_iterations"], int) and hp["max_skipped_iterations"] >= 1):
         _fail(
             "max_skipped_iterations",
