@@ -40,7 +40,9 @@ def build_engine(module) -> HFEngine | VLLMEngine:
     vLLM is set up from the module's settings: the compute dtype, `max_model_len = max_prompt_tokens + the larger
     of max_new_tokens and eval_max_new_tokens` (the model's own limit when prompts are not cut), the log-prob mode
     that matches `logprob_temperature`, the policy's EOS ids, and the `vllm_*` keys. On the CPU it runs eagerly
-    (no graph compilation, which would take minutes for a rollout that takes a second).
+    (no graph compilation, which would take minutes for a rollout that takes a second). With LoRA vLLM serves the
+    adapter itself (`lora_rank`, `llm_pg.engines.vllm_weights`); vLLM's own log goes to `<run dir>/vllm.log`, and one
+    line at start (`VLLMEngine.describe`) names the engine, its dtype and memory.
 
     Under DDP each rank builds its own engine on its own device (`module.device`: `cuda:<k>`, or the CPU), tensor
     parallel 1, inside the trainer's process group (`llm_pg.engines.vllm`'s docstring), with a vLLM seed of its own;
