@@ -55,7 +55,8 @@ def _rows(run_dir) -> list[dict]:
 
 
 def _train_rows(run_dir) -> list[dict]:
-    rows = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in _rows(run_dir) if "train/reward" in r]
+    volatile = ("time/", "memory/")
+    rows = [{k: v for k, v in r.items() if not k.startswith(volatile)} for r in _rows(run_dir) if "train/reward" in r]
     return sorted(rows, key=lambda r: r["step"])
 
 
