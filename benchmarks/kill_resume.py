@@ -88,7 +88,7 @@ def resume_until_done(command: list[str], limit: int = 3) -> int:
 
 def metrics_rows(run_dir: Path) -> list[dict]:
     with (run_dir / "metrics.csv").open(newline="") as f:
-        return [{k: v for k, v in r.items() if v and not k.startswith("time/")} for r in csv.DictReader(f)]
+        return [{k: v for k, v in r.items() if v and not k.startswith(("time/", "memory/"))} for r in csv.DictReader(f)]
 
 
 def generation_rows(run_dir: Path) -> list[dict]:

@@ -64,11 +64,11 @@ def checked_scores(
         try:
             score = task.score(text, example)
         except RewardError as error:
-            raise RunStopped(f"{error}; {what_row()}") from None
+            raise RunStopped(f"{error}; {what_row()}") from error  # the cause shows under --debug only
         except Exception as error:
             raise RunStopped(
                 f"task {name} raised while scoring {what_row()}; rewards must never raise:\n{_task_frames(error)}"
-            ) from None
+            ) from error
         values = {"total": score.total, **{f"component {k!r}": v for k, v in score.components.items()}}
         for what, value in values.items():
             if not (isinstance(value, numbers.Real) and math.isfinite(value)):  # numpy scalars are Real too

@@ -37,7 +37,7 @@ class SendSignal(L.Callback):
 def rows(run_dir) -> list[dict]:
     """metrics.csv without the timing columns, which differ between any two runs."""
     with open(run_dir / "metrics.csv", newline="") as f:
-        return [{k: v for k, v in r.items() if v and not k.startswith("time/")} for r in csv.DictReader(f)]
+        return [{k: v for k, v in r.items() if v and not k.startswith(("time/", "memory/"))} for r in csv.DictReader(f)]
 
 
 def generations(run_dir) -> list[dict]:

@@ -134,7 +134,7 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path, random_model_
     for name, seed in [("a", 0), ("b", 0), ("c", 1)]:
         fit(tmp_path / name, random_model_dir, "--model.init_args.iterations=2", f"--seed={seed}", *DIGITS)
         runs[name] = [r for r in _metrics(tmp_path / name / "run") if "train/loss" in r]
-    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in rows]  # noqa: E731
     assert strip(runs["a"]) == strip(runs["b"])
     assert strip(runs["a"]) != strip(runs["c"])
 
