@@ -260,7 +260,8 @@ def test_apply_variants_estimators_then_clip():
     out, _, metrics = apply_variants(rollout, scores, _hp(advantage="rloo"), eos=[2])
     # rloo, G = 2: r minus the other reward: (1.1, -1.1), (0, 0), (1.1, -1.1).
     torch.testing.assert_close(out.advantages, torch.tensor([1.1, -1.1, 0.0, 0.0, 1.1, -1.1]))
-    assert metrics == {}  # nothing logged for options that are off
+    # Only the advantage scale is logged when no option is on: mean |A| = 4 x 1.1 / 6.
+    assert metrics == pytest.approx({"train/advantage_abs_mean": 4 * 1.1 / 6})
     out, _, _ = apply_variants(rollout, scores, _hp(advantage="dr_grpo", adv_clip=0.5), eos=[2])
     # dr_grpo: r - mean = (0.55, -0.55), 0, (0.55, -0.55), then clipped to +-0.5.
     torch.testing.assert_close(out.advantages, torch.tensor([0.5, -0.5, 0.0, 0.0, 0.5, -0.5]))
@@ -272,7 +273,10 @@ def test_apply_variants_filter_and_mask_truncated():
     rollout, scores = _rollout([1.3, 0.2, 0.1, 0.1, 1.1, 0.0], [True, False, True, True, False, False])
     out, kept, metrics = apply_variants(rollout, scores, _hp(filter_zero_std_groups=True, mask_truncated=True), [2])
     assert out.texts == ["1.3", "0.2", "1.1", "0.0"] and [s.total for s in kept] == [1.3, 0.2, 1.1, 0.0]
-    assert metrics == {"train/filtered_groups": 1.0, "train/masked_truncated": 3.0}  # of the rows kept
+    # Of the rows kept; each kept group is (r - mean) / (std + eps) = +-0.55 / (0.55 + 1e-6).
+    expected = {"train/filtered_groups": 1.0, "train/masked_truncated": 3.0}
+    expected["train/advantage_abs_mean"] = 0.55 / 0.550001
+    assert metrics == pytest.approx(expected)
     assert out.completion_mask.tolist() == [[True] * 3, [False] * 3, [False] * 3, [False] * 3]
     assert out.attention_mask.sum() == 20  # the forward still sees every token
 
