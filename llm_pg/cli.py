@@ -182,6 +182,36 @@ class LLMPGCLI(LightningCLI):
         if self.subcommand == "fit":  # evaluation during fit is the EvalCallback's, by iteration
             config.trainer.limit_val_batches = 0
             config.trainer.num_sanity_val_steps = 0
+        elif config.ckpt_path is not None:  # validate a trained run: its checkpoint, resolved as for fit
+            self._validate_checkpoint(config)
+
+    def _validate_checkpoint(self, config) -> None:
+        """`llm-pg validate --ckpt_path last` (or a path): the run's newest usable checkpoint, trained under this
+        config; Lightning's own `last`/`best` look for a ModelCheckpoint this trainer does not keep."""
+        directory = Path(config.trainer.default_root_dir)
+        if str(config.ckpt_path) == "best":
+            raise RunDirError("--ckpt_path best: this trainer keeps no best checkpoint; give last or a checkpoint path")
+        path = _resolve_checkpoint(str(config.ckpt_path), directory / "checkpoints", announce=True)
+        if path is None:
+            raise RunDirError(
+                f"no checkpoint in {directory / 'checkpoints'} to validate; check --run_name / --runs_root, or leave "
+                "out --ckpt_path to evaluate the base model"
+            )
+        self._check_trained_with(path, plain_config(config))
+        config.ckpt_path = str(path)
+
+    @staticmethod
+    def _check_trained_with(path: Path, current: dict[str, Any]) -> int:
+        """The iteration of checkpoint `path`; RunDirError when it was trained under other settings than `current`."""
+        iteration, stored = read_header(path)
+        if stored is not None:
+            changes = config_changes(stored, current, class_defaults(current))
+            if changes:
+                raise RunDirError(
+                    f"{path} was trained with other settings: {'; '.join(changes)}. Resume with the settings it was "
+                    "trained with, or start a new run (--run_name)"
+                )
+        return iteration
 
     def _preflight(self, config) -> None:
         """Before the run dir is touched (the module's and the datamodule's constructors have checked their keys):
@@ -230,14 +260,7 @@ class LLMPGCLI(LightningCLI):
                 trim_logs(directory, None)
             return
         config.ckpt_path = str(path)
-        iteration, stored = read_header(path)
-        if stored is not None:
-            changes = config_changes(stored, self.session.run_config, class_defaults(self.session.run_config))
-            if changes:
-                raise RunDirError(
-                    f"{path} was trained with other settings: {'; '.join(changes)}. Resume with the settings it was "
-                    "trained with, or start a new run (--run_name)"
-                )
+        iteration = self._check_trained_with(path, self.session.run_config)
         self.session.resume_iteration = iteration
         if owner:
             trim_logs(directory, iteration, final=iteration >= config.model.init_args.iterations)

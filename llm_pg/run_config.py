@@ -29,6 +29,7 @@ RESUME_MAY_CHANGE = {
     "runs_root",
     "wandb_project",
     "torch_threads",
+    "verbose",  # `validate`'s own argument
 }
 RESUME_MAY_CHANGE_PREFIXES = ("checkpoint.", "trainer.")
 RESUME_MUST_KEEP = {

@@ -300,3 +300,42 @@ def test_outside_a_terminal_progress_is_plain_lines(tmp_path, random_model_dir, 
     with (tmp_path / "run" / "metrics.csv").open() as f:
         rewards = [float(r["train/reward"]) for r in csv.DictReader(f) if r["train/reward"]]
     assert len(rewards) == 5 and f"reward {rewards[-1]:.3f}" in lines[1] and "eval_em " in lines[1]
+
+
+def test_validate_a_trained_run_evaluates_its_last_checkpoint(tmp_path, capsys):
+    """`validate --ckpt_path last` loads the run's checkpoint (not the base model): its completions are the final
+    evaluation's, word for word, and its EM is the run's final EM; they go to validate/eval/, the run's files stay."""
+    import json
+
+    common = [
+        f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}",
+        "--data.task.init_args.eval_size=8",
+        f"--runs_root={tmp_path}",
+        "--run_name=run",
+        "--wandb_project=null",
+        "--trainer.enable_progress_bar=false",
+        "--model.init_args.lr=0.001",
+    ]
+    run_cli(["fit", *common, "--model.init_args.iterations=3"])
+    run = tmp_path / "run"
+    final = [json.loads(line) for line in (run / "eval" / "iter_00003.jsonl").read_text().splitlines()]
+    base = [json.loads(line) for line in (run / "eval" / "iter_00000.jsonl").read_text().splitlines()]
+    assert [r["completion"] for r in final] != [r["completion"] for r in base]  # training changed the policy
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "validate" not in p.parts}
+    cli = run_cli(["validate", *common, "--ckpt_path=last"])
+    assert f"resuming from {run / 'checkpoints' / 'last.ckpt'}" in capsys.readouterr().out
+    validated = [json.loads(line) for line in (run / "validate" / "eval" / "iter_00003.jsonl").read_text().splitlines()]
+    assert [r["completion"] for r in validated] == [r["completion"] for r in final]
+    em = sum(r["correct"] for r in final) / len(final)
+    assert float(cli.trainer.callback_metrics["eval/exact_match"]) == pytest.approx(em)
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_validate_without_a_checkpoint_to_load_is_one_line(tmp_path):
+    from llm_pg.runs import RunDirError
+
+    args = ["validate", f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}", f"--runs_root={tmp_path}"]
+    with pytest.raises(RunDirError, match=r"no checkpoint in .* to validate; .*leave out --ckpt_path"):
+        run_cli([*args, "--ckpt_path=last", "--wandb_project=null"])
+    with pytest.raises(RunDirError, match="keeps no best checkpoint"):
+        run_cli([*args, "--ckpt_path=best", "--wandb_project=null"])

@@ -6,14 +6,32 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 
+from llm_pg.data.tasks.base import Example, Task
 from llm_pg.evaluation import evaluate
 from llm_pg.runs import run_dir
 from llm_pg.strategies import unsharded
+
+
+def write_eval_rows(
+    out: Path, task: Task, examples: Sequence[Example], completions: Sequence[str], append: bool = False
+) -> list[dict]:
+    """One JSON line per eval completion (prompt, gold answer, completion, reward, correct) into `out`; the rows."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with out.open("a" if append else "w") as f:
+        for example, completion in zip(examples, completions, strict=True):
+            score = task.score(completion, example)
+            row = {"prompt": example.prompt, "answer": example.answer, "completion": completion}
+            rows.append(row | {"reward": score.total, "correct": score.correct})
+            f.write(json.dumps(rows[-1]) + "\n")
+    return rows
 
 
 class EvalCallback(Callback):
@@ -51,14 +69,7 @@ class EvalCallback(Callback):
             logger.log_metrics(logged, step=module.iteration)
             logger.save()
         out = run_dir(trainer) / "eval" / f"iter_{module.iteration:05d}.jsonl"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        rows = []
-        with out.open("w") as f:
-            for example, completion in zip(task.eval_examples, completions, strict=True):
-                score = task.score(completion, example)
-                row = {"prompt": example.prompt, "answer": example.answer, "completion": completion}
-                rows.append(row | {"reward": score.total, "correct": score.correct})
-                f.write(json.dumps(rows[-1]) + "\n")
+        rows = write_eval_rows(out, task, task.eval_examples, completions)
         for logger in trainer.loggers:  # every completion, as the file: the eval set is what EM is measured on
             if isinstance(logger, WandbLogger) and rows:
                 data = [[module.iteration, *row.values()] for row in rows]

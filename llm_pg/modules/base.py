@@ -359,9 +359,16 @@ class PolicyGradientModule(L.LightningModule, ABC):
             self.trainer.should_stop = True
 
     def validation_step(self, batch: list, batch_idx: int) -> None:
-        """`llm-pg validate`: greedy eval metrics of the current policy, averaged over the eval set."""
+        """`llm-pg validate`: greedy eval metrics of the current policy, averaged over the eval set; every completion
+        goes to `<run dir>/validate/eval/iter_XXXXX.jsonl` (the iteration of the checkpoint, 0 for the base model)."""
+        from llm_pg.callbacks.evaluation import write_eval_rows
+
+        task = self.trainer.datamodule.task
         with unsharded(self.policy):  # FSDP2: one gather, however many examples this rank decodes
-            metrics, _ = evaluate(self, self.trainer.datamodule.task, batch)
+            metrics, completions = evaluate(self, task, batch)
+        if self.trainer.is_global_zero:
+            out = run_dir(self.trainer) / "eval" / f"iter_{self.iteration:05d}.jsonl"
+            write_eval_rows(out, task, batch, completions, append=batch_idx > 0)
         logged = {f"eval/{k}": v for k, v in metrics.items()}
         self.log_dict(logged, batch_size=len(batch), on_epoch=True, sync_dist=self.trainer.world_size > 1)
 
