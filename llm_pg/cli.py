@@ -41,25 +41,16 @@ from llm_pg.entry import is_own, run_own
 from llm_pg.guards import RunStopped
 from llm_pg.loggers import default_loggers
 from llm_pg.modules.base import PolicyGradientModule
+from llm_pg.preflight import check_model, check_task_data, not_a_mapping, one_line
 from llm_pg.run_config import class_defaults, config_changes, plain_config
 from llm_pg.run_logs import trim_logs
 from llm_pg.runs import RunDirError, RunLock, claim, is_rank_zero, mark_complete, run_directory, trained_contents
 from llm_pg.summary import finish_run
-from llm_pg.user_modules import add_config_dirs, config_files
+from llm_pg.user_modules import add_config_dirs
 
 
 def _debug() -> bool:
     return os.environ.get("LLM_PG_DEBUG", "") not in ("", "0")
-
-
-def one_line(message: str) -> str:
-    """The sentence that matters in a jsonargparse / constructor error: the constructor's own message when the
-    error wraps one, without the subtype list and the dump of the given value."""
-    noise = ("Subtypes:", "Given value", "Errors:", "- Expected a <class 'NoneType'>", "tip:")
-    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
-    kept = [line.removeprefix("- ") for line in lines if not line.startswith(noise)]
-    union = "Does not validate against any of the Union subtypes"
-    return " ".join(part for part in (line.replace(union, "").strip() for line in kept) if part)
 
 
 class OneLineErrorParser(LightningArgumentParser):
@@ -69,28 +60,9 @@ class OneLineErrorParser(LightningArgumentParser):
         if _debug() or not self.exit_on_error:
             return super().error(message, ex)
         if str(message).startswith("Unexpected config"):
-            message = _not_a_mapping(sys.argv[1:]) or message
+            message = not_a_mapping(sys.argv[1:]) or message
         sys.stderr.write(f"llm-pg: error: {one_line(message)} (--debug: details)\n")
         sys.exit(2)
-
-
-def _not_a_mapping(words: list[str]) -> str | None:
-    """The sentence for a `--config` file that is empty, only comments, or not a mapping of keys (jsonargparse says
-    only "Unexpected config")."""
-    import yaml
-
-    for path in config_files(words):
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue
-        if not isinstance(loaded, dict):
-            what = "empty (or only comments)" if loaded is None else f"a YAML {type(loaded).__name__}, not a mapping"
-            return (
-                f"config file {path} is {what}; give a YAML mapping of settings (model:, data:, trainer:, ...), "
-                "e.g. a copy of configs/tiny/format_copy_grpo.yaml"
-            )
-    return None
 
 
 class RunInterrupted(Exception):
@@ -215,25 +187,9 @@ class LLMPGCLI(LightningCLI):
 
     def _preflight(self, config) -> None:
         """Before the run dir is touched (the module's and the datamodule's constructors have checked their keys):
-        the task's data loads and keeps rows, so a data problem is one line naming the file, not a failure in fit."""
-        task = self.datamodule.task
-        try:
-            task.prepare()
-        except UnicodeDecodeError as error:  # a ValueError, but one that names no file
-            files = getattr(task, "data_files", None) or getattr(task, "dataset", None)
-            raise ValueError(
-                f"data.task: {type(task).__name__} data ({files}) is not UTF-8 text ({error.reason} at byte "
-                f"{error.start}); save the file as UTF-8"
-            ) from None
-        except ValueError:
-            raise
-        except Exception as error:  # a reader's own error (pyarrow's, ...) that names no file
-            files = getattr(task, "data_files", None) or getattr(task, "dataset", None)
-            where = f" ({files})" if files else ""
-            raise ValueError(
-                f"data.task: {type(task).__name__} could not load its data{where}: {type(error).__name__}: "
-                f"{one_line(str(error))[:300]}; check the file (UTF-8 JSON lines, JSON, Parquet or CSV)"
-            ) from None
+        the task's data, the tokenizer and the LoRA targets (`llm_pg.preflight`), each failure one line."""
+        check_task_data(self.datamodule.task)
+        check_model(self.model.hparams, self.model.lora)
 
     def _prepare_run(self, config) -> None:
         """Own the run dir, pick the checkpoint to resume from, check it was trained under this config, and

@@ -74,15 +74,11 @@ def test_data_file_problems_are_one_line_naming_the_file_before_the_run_dir(
 def test_settings_are_checked_before_the_run_dir(tmp_path, capsys, monkeypatch):
     (tmp_path / "tiny_format_copy_grpo").mkdir()
     (tmp_path / "tiny_format_copy_grpo" / "metrics.csv").write_text("step\n1\n")
-    line = one_line_error(
-        capsys, monkeypatch, "fit", TINY, f"--runs_root={tmp_path}", "--model.init_args.group_size=1"
-    )
+    line = one_line_error(capsys, monkeypatch, "fit", TINY, f"--runs_root={tmp_path}", "--model.init_args.group_size=1")
     assert "model.group_size must be >= 2" in line, line  # not "run dir ... already holds a run"
 
 
-def test_a_checkpoint_the_safe_loader_refuses_is_skipped_for_the_newest_good_one(
-    tmp_path, random_model_dir, capsys
-):
+def test_a_checkpoint_the_safe_loader_refuses_is_skipped_for_the_newest_good_one(tmp_path, random_model_dir, capsys):
     """A verified last.ckpt (its sha256 matches) whose pickle names a callable: the resume passes over it, in one
     line, to the iter_ copy beside it; the payload never runs."""
     fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", "--checkpoint.every_n_iterations=1")
@@ -102,3 +98,49 @@ def test_a_checkpoint_the_safe_loader_refuses_is_skipped_for_the_newest_good_one
     assert "refused by the safe loader" in out and f"resuming from {checkpoints / 'iter_00002.ckpt'}" in out
     assert not marker.exists()
     assert (tmp_path / "run" / "COMPLETE").is_file()
+
+
+@pytest.fixture
+def model_copy(random_model_dir, tmp_path):
+    """A copy of the random model directory to break."""
+    import shutil
+
+    out = tmp_path / "model"
+    shutil.copytree(random_model_dir, out)
+    return out
+
+
+def _fit_line(capsys, monkeypatch, tmp_path, model, *extra) -> str:
+    return one_line_error(
+        capsys, monkeypatch, "fit", TINY, f"--model.init_args.model_name_or_path={model}",
+        f"--runs_root={tmp_path / 'runs'}", "--wandb_project=null", *extra,
+    )  # fmt: skip
+
+
+def test_a_model_dir_without_tokenizer_files_is_one_line(tmp_path, capsys, monkeypatch, model_copy):
+    for path in model_copy.iterdir():
+        if path.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            path.unlink()
+    line = _fit_line(capsys, monkeypatch, tmp_path, model_copy)
+    assert f"model.init_args.model_name_or_path: no tokenizer loads from '{model_copy}'" in line, line
+    assert "tokenizer.save_pretrained" in line and not (tmp_path / "runs" / "tiny_format_copy_grpo").exists()
+
+
+def test_a_chat_template_the_tokenizer_lacks_is_one_line(tmp_path, capsys, monkeypatch, model_copy):
+    import json
+
+    (model_copy / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((model_copy / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model_copy / "tokenizer_config.json").write_text(json.dumps(config))
+    line = _fit_line(capsys, monkeypatch, tmp_path, model_copy)
+    assert "model.init_args.chat_template is true but the tokenizer of" in line and "chat_template: false" in line
+
+
+def test_lora_targets_that_name_no_module_are_one_line(tmp_path, capsys, monkeypatch, random_model_dir):
+    line = _fit_line(
+        capsys, monkeypatch, tmp_path, random_model_dir,
+        "--model.init_args.lora.r=4", "--model.init_args.lora.target_modules=[q_proj,qkv_proj]",
+    )  # fmt: skip
+    assert "model.init_args.lora.target_modules: ['qkv_proj'] name no module of llama models" in line, line
+    assert "'gate_proj'" in line and "'q_proj'" in line  # the linear layers it has
