@@ -154,7 +154,7 @@ class LLMPGCLI(LightningCLI):
         if self.subcommand == "fit":  # evaluation during fit is the EvalCallback's, by iteration
             config.trainer.limit_val_batches = 0
             config.trainer.num_sanity_val_steps = 0
-        elif config.ckpt_path is not None:  # validate a trained run: its checkpoint, resolved as for fit
+        elif self.subcommand == "validate" and config.ckpt_path is not None:  # a trained run's checkpoint
             self._validate_checkpoint(config)
 
     def _validate_checkpoint(self, config) -> None:

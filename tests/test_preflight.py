@@ -92,7 +92,7 @@ def test_a_checkpoint_the_safe_loader_refuses_is_skipped_for_the_newest_good_one
     atomic_save({"llm_pg": Payload()}, checkpoints / "last.ckpt")  # hashed like a real one: it verifies
     path, skipped = newest_verified(checkpoints)
     assert path == checkpoints / "iter_00002.ckpt"
-    assert len(skipped) == 1 and "last.ckpt (refused by the safe loader: UnpicklingError" in skipped[0]
+    assert len(skipped) == 1 and "last.ckpt (refused by the safe loader (weights_only=True)" in skipped[0]
     fit(tmp_path, random_model_dir, "--model.init_args.iterations=3", "--ckpt_path=last")
     out = capsys.readouterr().out
     assert "refused by the safe loader" in out and f"resuming from {checkpoints / 'iter_00002.ckpt'}" in out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -153,7 +154,9 @@ def usable_header(path: str | Path) -> str | None:
     """None when the header of `path` loads with the safe loader, else why not."""
     try:
         read_header(path)
-    except Exception as error:  # pickle.UnpicklingError for code or unknown types; RuntimeError for a non-zip file
+    except pickle.UnpicklingError:  # it names code or a type outside tensors and plain containers
+        return "refused by the safe loader (weights_only=True): it holds objects other than tensors and containers"
+    except Exception as error:  # RuntimeError for a file that is not a torch zip archive, ...
         return f"refused by the safe loader: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
     return None
 
