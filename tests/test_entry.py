@@ -109,28 +109,7 @@ def test_top_level_and_trainer_keys_have_help(monkeypatch):
 TASKS = [getattr(tasks, name) for name in tasks.__all__ if inspect.isclass(getattr(tasks, name))]
 CLASSES = [GRPOModule, ReinforceModule, PromptGroupDataModule, IterationCheckpoint]
 CLASSES += [t for t in TASKS if issubclass(t, Task) and t is not Task]
-# Keys whose class docstring has no `Args:` entry yet (the files belong to other parts of the project); each entry
-# goes once its docstring names the keys, and XPASS in the summary says that it can.
-UNDOCUMENTED = {
-    "ReinforceModule": "llm_pg/modules/reinforce.py: ppo_epochs, clip_eps_high, ratio_level, reuse_first_pass_logp",
-    "PromptGroupDataModule": "llm_pg/data/datamodule.py: task, prompts_per_step, seed, eval_batch_size",
-    "IterationCheckpoint": "llm_pg/callbacks/checkpoint.py: every_n_iterations, keep_last, last_every_n_iterations",
-    "FormatCopyTask": "llm_pg/data/tasks/format_copy.py: every key",
-    "MathHardTask": "llm_pg/data/tasks/math_hard.py: every key",
-    "ArithTask": "llm_pg/data/tasks/arith.py: every key",
-    "DatasetTask": "llm_pg/data/tasks/dataset.py: every key",
-    "ReasoningGymTask": "llm_pg/data/tasks/reasoning_gym.py: every key",
-}
-
-
-@pytest.mark.parametrize(
-    "cls",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(reason=UNDOCUMENTED[c.__name__])) if c.__name__ in UNDOCUMENTED else c
-        for c in CLASSES
-    ],
-    ids=lambda c: c.__name__,
-)
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
 def test_every_key_of_the_classes_a_config_names_has_help(cls):
     parser = ArgumentParser()
     parser.add_class_arguments(cls, "key")

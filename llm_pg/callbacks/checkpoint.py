@@ -215,13 +215,19 @@ class IterationCheckpoint(ModelCheckpoint):
     weights and AdamW state: ~92 GB): the loggers are still flushed after every iteration, and a SIGTERM/SIGINT
     (Modal's preemption, a Ctrl-C) and the end of training still save; only a hard kill (SIGKILL, out of memory, a
     lost machine) loses the iterations since the last write, which the resume trains again (their logged rows are
-    dropped first, `llm_pg.runs.trim_logs`).
+    dropped first, `llm_pg.run_logs.trim_logs`).
 
     Iteration k is saved when it is wholly logged: at the start of iteration k+1 (before its rollout), at the end
     of training, or when SIGTERM/SIGINT stop the run between iterations (Lightning's SIGTERM handling, which this
     callback extends to SIGINT: the current iteration finishes, is saved, and the run stops; a second Ctrl-C
     abandons the iteration at once). The checkpoint also holds the run's resolved config (`run_config`, set by the
     CLI), which a resume compares with its own.
+
+    Args:
+        every_n_iterations: iterations between `iter_XXXXX.ckpt` copies (and one at the last iteration).
+        keep_last: `iter_XXXXX.ckpt` copies kept, the newest (and never the last healthy one before a divergence).
+        dirpath: where checkpoints go (null: `<run dir>/checkpoints`).
+        last_every_n_iterations: iterations between rewrites of `last.ckpt` (1: after every iteration).
     """
 
     def __init__(

@@ -64,6 +64,12 @@ class PromptGroupDataModule(L.LightningDataModule):
     Resume: the training module calls `mark_consumed(k)` once it has used batch `k`; `state_dict()` saves
     the next batch index and `load_state_dict()` restores it, so the next `train_dataloader()` starts there.
     The counter is not advanced when a batch is yielded, because Lightning fetches a batch ahead.
+
+    Args:
+        task: the task (`class_path` of a `llm_pg.data.tasks` class or your own `Task`, with its `init_args`).
+        prompts_per_step: prompts per RL iteration (each gets `group_size` completions; the course: 8).
+        seed: the run's seed (linked from the top-level `seed`).
+        eval_batch_size: eval prompts per batch of `llm-pg validate`.
     """
 
     def __init__(self, task: Task, prompts_per_step: int = 8, seed: int = 0, eval_batch_size: int = 64) -> None:

@@ -29,7 +29,14 @@ from llm_pg.rollout import RolloutBatch
 
 class ReinforceModule(PolicyGradientModule):
     """GR-REINFORCE. Takes every `PolicyGradientModule` argument; the GRPO-only keys (`ppo_epochs` other than 1,
-    `clip_eps_high`, `ratio_level`, `reuse_first_pass_logp`) are refused with a one-line error."""
+    `clip_eps_high`, `ratio_level`, `reuse_first_pass_logp`) are refused with a one-line error.
+
+    Args:
+        ppo_epochs: passes over each rollout; REINFORCE makes exactly 1 (any other value is refused).
+        clip_eps_high: GRPO only (refused when set): REINFORCE has no ratio to clip.
+        ratio_level: GRPO only (refused when set).
+        reuse_first_pass_logp: GRPO only (refused when set).
+    """
 
     def __init__(
         self,

@@ -42,6 +42,16 @@ class ArithTask(BoxedAnswerTask):
     `random.Random(f"arith-eval:{eval_seed}")`. In `prompt_template` the literal `{expr}` is replaced by the
     expression. The expression space is small (about a thousand two-operand items), so eval items also
     occur in training: the eval set measures learning of the format and the arithmetic, not generalization.
+
+    Args:
+        ops: the operators drawn from, a subset of `+`, `-`, `*`.
+        add_range: inclusive operand range of `+` and `-`.
+        mul_range: inclusive operand range of an operand next to `*`.
+        three_operand: half of the examples get a third operand.
+        system_prompt: the system turn (null: none).
+        prompt_template: the user turn, with `{expr}` replaced by the expression.
+        eval_size: eval examples.
+        eval_seed: seed of the eval set.
     """
 
     name = "arith"

@@ -58,6 +58,14 @@ class FormatCopyTask(Task):
     binds the run's seed with `bind_seed`; 0 until then).
     In `prompt_template` the literal `{n}` is replaced by the integer. The course setting is the default;
     the tiny CPU setting is `FormatCopyTask(low=-999, high=999, system_prompt=None, prompt_template="Copy: {n}")`.
+
+    Args:
+        low: smallest integer to copy (inclusive; the course: -5000).
+        high: largest integer to copy (inclusive; the course: 5000).
+        system_prompt: the system turn (the course's format instructions; null: none).
+        prompt_template: the user turn, with `{n}` replaced by the integer.
+        eval_size: eval targets (the course: 64).
+        eval_seed: seed of the eval targets (null: the run's seed + 123, as the course).
     """
 
     name = "format_copy"

@@ -109,6 +109,18 @@ class MathHardTask(BoxedAnswerTask):
     config can be built without it. `train_example(i, seed)` walks the kept train rows in a fresh seeded
     permutation per epoch: row `perm(seed, i // N)[i % N]`, N the number of kept rows. In
     `prompt_template` the literal `{problem}` is replaced by the problem; other braces stay as written.
+
+    Args:
+        dataset: a hub id (the course's `the-jb/hendrycks-math`) or a file format (`json`, `parquet`, `csv`) with
+            `data_files`.
+        data_files: local files, one path or a `{split: path}` mapping (relative paths: beside the config first).
+        config_name: the hub dataset's configuration (null: its default).
+        levels: MATH levels kept, by the first integer of the `level` field (the course: [5]; [] keeps all).
+        train_split: the split prompts are drawn from.
+        eval_split: the split whose first `eval_size` kept rows are the eval set.
+        eval_size: eval examples (the course: 512).
+        system_prompt: the system turn (the course's Qwen2.5-Math prompt; null: none).
+        prompt_template: the user turn, with `{problem}` replaced by the problem.
     """
 
     name = "math_hard"
