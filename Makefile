@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-vllm lint format clean
+.PHONY: install demo test test-fast test-vllm test-latest lint format clean
 
 # torch is installed first and pinned: this machine has the CPU build of 2.13.0 on disk, a GPU
 # machine gets the CUDA build of the same version; an unpinned torch pulls gigabytes.
@@ -62,6 +62,27 @@ $(VLLM_STAMP): pyproject.toml requirements.lock
 
 test-vllm: $(VLLM_STAMP)
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py tests/test_vllm_ddp.py
+
+# The suite against the newest releases pyproject's ranges allow, as a user who installs without the lock gets them
+# (transformers, Lightning, peft, datasets, ...): its own venv, every package upgraded eagerly except torch, which
+# stays at the CPU build of 2.13.0 (an unpinned torch pulls the CUDA build: gigabytes). A fresh clone (CI) resolves
+# afresh; here `rm -r .venv-latest` does.
+LATEST_VENV ?= .venv-latest
+LATEST_PY := $(LATEST_VENV)/bin/python
+LATEST_PIP := $(LATEST_PY) -m pip --disable-pip-version-check -q
+LATEST_STAMP := $(LATEST_VENV)/.installed
+
+$(LATEST_STAMP): pyproject.toml
+	test -x $(LATEST_PY) || python3 -m venv $(LATEST_VENV)
+	echo "*" > $(LATEST_VENV)/.gitignore
+	$(LATEST_PIP) install torch==2.13.0
+	$(LATEST_PIP) install --upgrade --upgrade-strategy eager torch==2.13.0 -e ".[dev]"
+	$(LATEST_PY) -m pip list --format freeze --exclude-editable > $(LATEST_VENV)/versions.txt
+	touch $(LATEST_STAMP)
+
+test-latest: $(LATEST_STAMP)
+	@grep -iE "^(transformers|lightning|peft|datasets|jsonargparse|numpy)==" $(LATEST_VENV)/versions.txt | tr '\n' ' '; echo
+	$(LATEST_PY) -m pytest -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) runs lightning_logs .pytest_cache

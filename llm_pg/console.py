@@ -22,6 +22,9 @@ WARNINGS: list[tuple[str, type[Warning]]] = [
     (r"Found \d+ module\(s\) in eval mode at the start of training", PossibleUserWarning),
     # Lightning 2.6's own pytree helper uses a name torch 2.13 deprecates; nothing here calls it.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # transformers >= 5.23 renamed it; peft 0.21's PeftModel still reads the old name when it wraps a LoRA model.
+    # llm_pg names neither (llm_pg.models.activation_checkpointing).
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
 ]
 
 # logger name -> message regex of log records that say nothing to a user of this trainer

@@ -10,6 +10,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from llm_pg.models import kv_cache, with_kv_cache
+
 Conversation = Sequence[dict[str, str]]
 
 
@@ -124,7 +126,7 @@ def generate(
             # transformers would turn this on for an FSDP model and all-reduce at every token; FSDP2 models are
             # gathered once around the call instead (`llm_pg.modules.distributed.unsharded`), so ranks decode alone.
             synced_gpus=False,
-            **({"past_key_values": cache} if cache is not None else {}),
+            **(with_kv_cache(cache) if cache is not None else {}),
             **sampling,
         )
     model.train(was_training)
@@ -148,7 +150,7 @@ def prompt_cache(model: PreTrainedModel, encoded: dict[str, Tensor], num_samples
     ids, mask = ids[:, :-1].to(device), mask[:, :-1].to(device)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # real tokens numbered from 0, as generate() numbers them
     output = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1)
-    cache = output.past_key_values
+    cache = kv_cache(output)
     if cache is not None:
         cache.batch_repeat_interleave(num_samples)
     return cache

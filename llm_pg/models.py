@@ -4,19 +4,55 @@ Precision: the policy is loaded in the dtype the optimizer should update (`maste
 passes run under autocast in the compute dtype. Full fine-tuning in bf16 therefore keeps float32 master
 weights (AdamW steps of lr 3e-5 round away on bf16 weights); with LoRA the frozen base is loaded in the
 compute dtype and peft (`autocast_adapter_dtype=True`, its default) keeps the adapter weights in float32.
+
+Two transformers names changed inside the range pyproject allows (5.x): 5.23 renamed `gradient_checkpointing_enable`
+to `activation_checkpointing_enable`, 5.24 the KV cache argument and output field `past_key_values` to `cache`. The
+old names warn from then on (FutureWarning, removed in 6) and the lock's 5.19 has only them, so no name is in both:
+`enable_activation_checkpointing`, `kv_cache` and `with_kv_cache` below branch on the version, and nothing else in
+llm_pg names either spelling.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from llm_pg.tiny import TINY_CHAT_DIR
 
 TINY_MODEL = str(TINY_CHAT_DIR)
+_TRANSFORMERS = Version(transformers.__version__).release  # (5, 24, 0) for 5.24.0 and its dev and rc builds
+CACHE_NAME = "cache" if _TRANSFORMERS >= (5, 24) else "past_key_values"  # the KV cache's kwarg and output field
+
+
+def kv_cache(output: Any) -> Any:
+    """The KV cache a forward with `use_cache=True` returned (None when the model keeps none)."""
+    return getattr(output, CACHE_NAME, None)
+
+
+def with_kv_cache(cache: Any) -> dict[str, Any]:
+    """`{name: cache}` for a forward or `generate` call, under this transformers' name for the KV cache."""
+    return {CACHE_NAME: cache}
+
+
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each decoder layer's activations in the backward pass (non-reentrant torch checkpointing)."""
+    if _TRANSFORMERS >= (5, 23):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def activation_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether any submodule recomputes its activations in the backward pass: the flag transformers sets on each
+    checkpointed layer (what `is_activation_checkpointing`, formerly `is_gradient_checkpointing`, reads), through a
+    peft wrapper too; False for a model that has none."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
 @dataclass
@@ -112,7 +148,7 @@ def load_policy(
     check_hub_model(name_or_path)
     model = _load(AutoModelForCausalLM.from_pretrained, resolve_model_path(name_or_path), dtype=dtype)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
         model.config.use_cache = False  # generate() turns the cache back on in eval mode
     if lora is not None and lora.r > 0:
         from peft import LoraConfig, get_peft_model

@@ -51,6 +51,7 @@ def test_known_warnings_are_silenced_and_any_other_still_shows():
         for message, category in [
             ("Found 59 module(s) in eval mode at the start of training. This may ...", PossibleUserWarning),
             ("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning),
+            ("`is_gradient_checkpointing` is deprecated and will be removed in v6. Use ...", FutureWarning),
             ("the learning rate is 1e9: this will diverge", UserWarning),
             ("Found 59 module(s) in eval mode", RuntimeWarning),  # the same words in another category: shown
         ]:

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from llm_pg.losses import target_logprobs, token_entropy
+from llm_pg.models import activation_checkpointing, kv_cache, with_kv_cache
 from llm_pg.rollout import RolloutBatch
 from llm_pg.strategies import is_sharded
 
@@ -55,7 +56,7 @@ def shares_prefix(model: torch.nn.Module, rollout: RolloutBatch, enabled: bool) 
     if not enabled or len(rollout) < 2 or is_sharded(model):
         return None
     builds_graph = torch.is_grad_enabled() and model.training
-    if builds_graph and (getattr(model, "is_gradient_checkpointing", False) or has_dropout(model)):
+    if builds_graph and (activation_checkpointing(model) or has_dropout(model)):
         return None
     first, inverse = distinct_prompts(rollout)
     return (first, inverse) if 2 * len(first) <= len(rollout) else None
@@ -84,18 +85,18 @@ def completion_logits(model: torch.nn.Module, rollout: RolloutBatch, share_prefi
         use_cache=True,
         logits_to_keep=1,
     )  # logits [u, 1, V]: position P-1 scores completion token 0
-    if head.past_key_values is None:  # a model that keeps no cache: run the plain forward after all
+    cache = kv_cache(head)
+    if cache is None:  # a model that keeps no cache: run the plain forward after all
         return completion_logits(model, rollout, share_prefix=False)
     if width == 1:
         return head.logits[inverse]
-    cache = head.past_key_values
     cache.reorder_cache(inverse)  # [u, ...] -> [b, ...] per layer
     tail = model(
         input_ids=rollout.input_ids[:, prompt : prompt + width - 1],
         attention_mask=mask[:, : prompt + width - 1],
         position_ids=position_ids[:, prompt : prompt + width - 1],
-        past_key_values=cache,
         use_cache=True,
+        **with_kv_cache(cache),
     ).logits  # [b, C-1, V]: positions P .. P+C-2
     return torch.cat([head.logits[inverse], tail], dim=1)
 
