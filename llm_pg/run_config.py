@@ -23,6 +23,8 @@ RESUME_MAY_CHANGE = {
     "model.init_args.max_skipped_iterations",
     "model.init_args.eval_max_new_tokens",
     "model.init_args.logprob_batch_size",
+    "model.init_args.logprob_chunk_size",
+    "model.init_args.group_by_length",
     "model.init_args.eval_batch_size",
     "data.eval_batch_size",
     "run_name",

@@ -85,6 +85,14 @@ class PolicyGradientModule(L.LightningModule, ABC):
             one call with vLLM, `logprob_batch_size` prompts with HF; with `eval_samples: k`, that many rows).
         share_prompt_prefix: run each distinct prompt of a forward once and its completions on its cached keys and
             values (`llm_pg.modules.logprobs`): the same log-probs and gradients up to float rounding, fewer tokens.
+        logprob_chunk_size: token positions per chunk of the LM head and log-softmax, recomputed in the backward
+            (`llm_pg.chunked_logprobs`), so no `[rows, positions, vocabulary]` logits tensor is held; the same
+            log-probs, entropy and gradients to float rounding. A forward without prefix sharing then also packs each
+            row's tokens to the left (`logprobs.packed_layout`: no padding between prompt and completion). 0: the
+            plain path, one head call over the whole micro-batch.
+        group_by_length: when a pass is one optimizer step and prefix sharing does not apply to its forwards
+            (gradient checkpointing or dropout), run rows of similar length together (`update.length_sorted`): the
+            same step to float rounding, less padding. false: rollout order.
         log_generations_every: iterations between sampled-completion tables (0: never).
         log_generations_rows: rows per sampled-completion table, in whole prompt groups (at least one group).
         advantage: estimator `grpo` (course) | `dr_grpo` | `rloo` | `reinforce_pp`; `adv_clip` applies after it.
@@ -140,6 +148,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         eval_max_new_tokens: int | None = None,
         logprob_batch_size: int = 32,
         share_prompt_prefix: bool = True,
+        logprob_chunk_size: int = 256,
+        group_by_length: bool = True,
         log_generations_every: int = 10,
         log_generations_rows: int = 24,
         advantage: str = "grpo",

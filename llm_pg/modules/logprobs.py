@@ -22,6 +22,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
+from llm_pg.chunked_logprobs import chunked_target_logprobs
 from llm_pg.losses import target_logprobs, token_entropy
 from llm_pg.models import activation_checkpointing, kv_cache, with_kv_cache
 from llm_pg.rollout import RolloutBatch
@@ -101,12 +102,91 @@ def completion_logits(model: torch.nn.Module, rollout: RolloutBatch, share_prefi
     return torch.cat([head.logits[inverse], tail], dim=1)
 
 
+def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The model's decoder stack (hidden states after the final norm) and its LM head, through a peft wrapper."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder(), base.get_output_embeddings()
+
+
+def packed_layout(rollout: RolloutBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """Each row's real tokens (prompt then completion) moved to the left, padding only at the right: input ids and
+    attention mask `[b, T]` (`T` the longest row), and `[b, C]` the column whose hidden state scores completion
+    token c, `p_i - 1 + c` for a row with `p_i` real prompt tokens (clamped for padding positions, which are masked).
+
+    The same tokens at the same positions (`cumsum(mask) - 1`) under a causal mask: the plain forward's hidden states
+    to float rounding, without the padding between a short prompt and its completion.
+    """
+    mask = rollout.attention_mask  # [b, P+C]
+    order = torch.sort(1 - mask, dim=1, stable=True).indices  # real tokens first, in their order
+    total = max(int(mask.sum(1).max()), 1)  # T
+    ids, packed_mask = rollout.input_ids.gather(1, order)[:, :total], mask.gather(1, order)[:, :total]
+    prompt_tokens = mask[:, : rollout.prompt_len].sum(1, keepdim=True)  # [b, 1]
+    width = rollout.completion_mask.shape[1]
+    index = prompt_tokens - 1 + torch.arange(width, device=mask.device)  # [b, C]
+    return ids, packed_mask, index.clamp(0, total - 1)
+
+
+def prefix_sharing_in_graph(model: torch.nn.Module, enabled: bool) -> bool:
+    """Whether a training forward (grad on, train mode) may share prompt prefixes: on, unsharded, no gradient
+    checkpointing and no dropout (the conditions of `shares_prefix` that do not depend on the rows)."""
+    checkpointing = activation_checkpointing(model)
+    return enabled and not is_sharded(model) and not checkpointing and not has_dropout(model)
+
+
+def completion_hidden(model: torch.nn.Module, rollout: RolloutBatch, share_prefix: bool = True) -> Tensor:
+    """Final hidden states `[b, C, H]` whose position c scores completion token c (sequence positions
+    `P-1 .. P+C-2`): `completion_logits` before the head, the head left to the caller (`chunked_target_logprobs`)."""
+    decoder, _ = _decoder_and_head(model)
+    mask = rollout.attention_mask
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, P+C]
+    width = rollout.completion_mask.shape[1]  # C
+    prompt = rollout.input_ids.shape[1] - width  # P
+    shared = shares_prefix(model, rollout, share_prefix)
+    if shared is None:
+        ids, packed_mask, index = packed_layout(rollout)  # [b, T], [b, T], [b, C]
+        out = decoder(input_ids=ids, attention_mask=packed_mask, position_ids=(packed_mask.cumsum(-1) - 1).clamp(min=0))
+        hidden = out.last_hidden_state  # [b, T, H]
+        return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+    first, inverse = shared
+    head = decoder(
+        input_ids=rollout.input_ids[first, :prompt],
+        attention_mask=mask[first, :prompt],
+        position_ids=position_ids[first, :prompt],
+        use_cache=True,
+    )  # hidden [u, P, H]: position P-1 scores completion token 0
+    cache = kv_cache(head)
+    if cache is None:
+        return completion_hidden(model, rollout, share_prefix=False)
+    last = head.last_hidden_state[inverse, -1:]  # [b, 1, H]
+    if width == 1:
+        return last
+    cache.reorder_cache(inverse)  # [u, ...] -> [b, ...] per layer
+    tail = decoder(
+        input_ids=rollout.input_ids[:, prompt : prompt + width - 1],
+        attention_mask=mask[:, : prompt + width - 1],
+        position_ids=position_ids[:, prompt : prompt + width - 1],
+        use_cache=True,
+        **with_kv_cache(cache),
+    ).last_hidden_state  # [b, C-1, H]: positions P .. P+C-2
+    return torch.cat([last, tail], dim=1)
+
+
 def sequence_logprobs(module, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False):
     """Completion log-probs `[b, C]` at the module's `logprob_temperature` T, and optionally the token entropy
-    `[b, C]`: `out[i, c] = log_softmax(logits[i, P-1+c] / T)[input_ids[i, P+c]]`, in the module's compute dtype."""
+    `[b, C]`: `out[i, c] = log_softmax(logits[i, P-1+c] / T)[input_ids[i, P+c]]`, in the module's compute dtype.
+
+    With `logprob_chunk_size` > 0 the head and log-softmax run `logprob_chunk_size` positions at a time and are
+    recomputed in the backward (`llm_pg.chunked_logprobs`): no `[b, C, V]` logits tensor is held. 0: one head call.
+    """
+    temperature = module.logprob_temperature
+    chunk = module.hparams.logprob_chunk_size
+    if chunk:
+        with module.autocast():
+            hidden = completion_hidden(model, rollout, module.hparams.share_prompt_prefix)  # [b, C, H]
+            weight = _decoder_and_head(model)[1].weight  # [V, H]
+            return chunked_target_logprobs(hidden, weight, rollout.completion_ids, temperature, chunk, with_entropy)
     with module.autocast():
         logits = completion_logits(model, rollout, module.hparams.share_prompt_prefix)  # [b, C, V]
-    temperature = module.logprob_temperature
     logp = target_logprobs(logits, rollout.completion_ids, temperature)
     return logp, token_entropy(logits, temperature) if with_entropy else None
 

@@ -70,6 +70,7 @@ def check_settings(hp: dict[str, Any]) -> None:
     if hp["eval_max_new_tokens"] is not None:
         _at_least("eval_max_new_tokens", hp["eval_max_new_tokens"], 1, "null uses max_new_tokens")
     _at_least("logprob_batch_size", hp["logprob_batch_size"], 1, "rows per no-grad forward pass")
+    _at_least("logprob_chunk_size", hp["logprob_chunk_size"], 0, "positions per LM-head chunk; 0: one head call")
     if hp["eval_batch_size"] is not None:
         _at_least("eval_batch_size", hp["eval_batch_size"], 1, "prompts per eval generate call; null: engine default")
     if hp["tis_cap"] is not None:
@@ -126,6 +127,7 @@ def check_variant_settings(hp: dict[str, Any]) -> None:
     _flag("filter_zero_std_groups", hp["filter_zero_std_groups"])
     _flag("mask_truncated", hp["mask_truncated"])
     _flag("share_prompt_prefix", hp["share_prompt_prefix"])
+    _flag("group_by_length", hp["group_by_length"])
     if not (
         isinstance(hp["eval_samples"], int) and not isinstance(hp["eval_samples"], bool) and hp["eval_samples"] >= 0
     ):

@@ -4,8 +4,10 @@ clipped optimizer steps. `PolicyGradientModule.training_step` calls `run_update`
 Per pass the rows are shuffled (seeded generator), cut into micro-batches of `minibatch_size` rows, and every
 `grad_accum_steps` micro-batches make one optimizer step. When a pass is one step over equal micro-batches, the
 forwards take whole prompt groups instead (each prompt run once) and the loss weighs every row as its micro-batch
-of the shuffled split would (`grouped_passes`): the same step. Each micro-batch is trimmed to its longest
-completion first (`RolloutBatch.trimmed`): the columns cut are padding, masked everywhere, so the loss is unchanged.
+of the shuffled split would (`grouped_passes`): the same step. Where prefix sharing cannot apply to those forwards
+(gradient checkpointing, dropout), they take rows of similar length instead (`group_by_length`, `length_sorted`).
+Each micro-batch is trimmed to its longest completion first (`RolloutBatch.trimmed`): the columns cut are padding,
+masked everywhere, so the loss is unchanged.
 
 Scaling of each micro-batch's loss before its backward:
 - `seq_mean_token_mean`, `seq_mean_token_sum_norm`: divided by the micro-batches of the step, so the step's
@@ -29,6 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from llm_pg.losses import micro_batch_mean
 from llm_pg.modules.distributed import average_gradients, backward_sync_off
+from llm_pg.modules.logprobs import prefix_sharing_in_graph
 from llm_pg.rollout import RolloutBatch
 from llm_pg.strategies import is_sharded
 
@@ -78,6 +81,22 @@ def grouped_passes(module, rows: int, steps: int) -> bool:
     return hp.share_prompt_prefix and steps == 1 and rows % hp.minibatch_size == 0
 
 
+def length_sorted(module, rollout: RolloutBatch) -> bool:
+    """Whether a grouped pass's forwards take rows by length (`group_by_length`) rather than whole prompt groups:
+    when prefix sharing cannot apply to a forward that builds a graph (gradient checkpointing, dropout), grouping
+    by prompt saves nothing, and rows of similar length waste the least padding (`logprobs.packed_layout`)."""
+    hp = module.hparams
+    return hp.group_by_length and not prefix_sharing_in_graph(module.policy, hp.share_prompt_prefix)
+
+
+def forward_rows(rollout: RolloutBatch, minibatch_size: int, by_length: bool) -> list[Tensor]:
+    """The rows of each forward of a grouped pass: rollout order, or by total real tokens, longest first."""
+    order = torch.arange(len(rollout))
+    if by_length:
+        order = torch.sort(rollout.attention_mask.sum(1).cpu(), descending=True, stable=True).indices
+    return [order[start : start + minibatch_size] for start in range(0, len(rollout), minibatch_size)]
+
+
 def split_token_counts(mask: Tensor, micro: list[Tensor]) -> Tensor:
     """`[N]`: for each row, the completion tokens of the micro-batch `micro` puts it in (`mask` `[N, C]`)."""
     tokens = mask.sum(1).float()  # [N]
@@ -114,14 +133,13 @@ def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple
     totals: dict[str, float] = {}
     ratio_max, grad_norms, micro_count = 0.0, [], 0
     grouped = grouped_passes(module, len(rollout), steps)
+    by_length = grouped and length_sorted(module, rollout)
     for epoch in range(module.epochs):
         order = torch.randperm(len(rollout), generator=shuffle)  # the split: which rows share a micro-batch
         micro = [order[start : start + hp.minibatch_size] for start in range(0, len(rollout), hp.minibatch_size)]
         if grouped:  # the same step, computed over forwards of whole prompt groups
             rollout.split_tokens = split_token_counts(rollout.completion_mask, micro)
-            micro = [
-                torch.arange(start, start + hp.minibatch_size) for start in range(0, len(rollout), hp.minibatch_size)
-            ]
+            micro = forward_rows(rollout, hp.minibatch_size, by_length)
         for step in range(steps):
             group = micro[step * hp.grad_accum_steps : (step + 1) * hp.grad_accum_steps]
             num_tokens = _step_tokens(module, rollout, group) if token_mean else None
