@@ -60,8 +60,12 @@ $(VLLM_STAMP): pyproject.toml requirements.lock
 	$(VLLM_PIP) install -c $(VLLM_VENV)/constraints.txt -e ".[dev]"
 	touch $(VLLM_STAMP)
 
+# The vLLM engine's tests, the fast variants instantiated with vLLM itself, and the GPU check's smoke mode with its
+# vLLM steps (the main suite runs the last two without vLLM).
 test-vllm: $(VLLM_STAMP)
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py tests/test_vllm_ddp.py
+	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/test_vllm_configs.py \
+		tests/test_launch.py::test_gpu_check_smoke_runs_every_step_and_ends_with_its_json
 
 # The suite against the newest releases pyproject's ranges allow, as a user who installs without the lock gets them
 # (transformers, Lightning, peft, datasets, ...): its own venv, every package upgraded eagerly except torch, which
