@@ -2,9 +2,9 @@
 
 `silence_known_noise` is called by the commands that load models, after their arguments are parsed:
 `llm_pg.cli.main` (fit, validate) and `eval-tiny` (`pretrain-tiny` turns transformers' bars off itself); never by
-`llm-pg --help` or the other commands (`llm_pg.entry`), since this module imports Lightning and transformers. Each filter names one
-message by its text (and category or logger): no blanket filter, so any other warning, error or log record still
-shows. The top-level help and the command table live in `llm_pg.entry`.
+`llm-pg --help` or the other commands (`llm_pg.entry`), since this module imports Lightning and transformers.
+Each filter names one message by its text (and category or logger): no blanket filter, so any other warning, error
+or log record still shows. The top-level help and the command table live in `llm_pg.entry`.
 """
 
 from __future__ import annotations
