@@ -3,6 +3,7 @@ its memory share, one-call evaluation and `tis_cap`, and nothing else; each open
 docs/runs.md gives the Modal command of each."""
 
 import importlib.util
+import sys
 
 import pytest
 import yaml
@@ -62,8 +63,15 @@ def test_variant_instantiates_with_vllm(tmp_path, run):
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed (the variants instantiate above)")
-def test_variant_without_vllm_fails_in_one_line_before_loading(tmp_path, capsys):
+def test_variant_without_vllm_fails_in_one_line_before_loading(tmp_path, capsys, monkeypatch):
+    from llm_pg.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["llm-pg"])
+    monkeypatch.setenv("LLM_PG_DEBUG", "0")
+    config = f"--config={ROOT / 'configs' / 'math_hard' / 'grpo_vllm.yaml'}"
     with pytest.raises(SystemExit) as exit_info:
-        _instantiate("math_hard/grpo", tmp_path)
-    assert exit_info.value.code != 0
-    assert "model.rollout_engine=vllm but vLLM is not installed" in capsys.readouterr().err
+        main(["fit", config, f"--runs_root={tmp_path}", "--wandb_project=null"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("llm-pg")]
+    assert exit_info.value.code == 2 and len(lines) == 1, lines
+    assert "model.rollout_engine=vllm but vLLM is not installed" in lines[0]
+    assert not list(tmp_path.iterdir())  # refused before the run dir was made
