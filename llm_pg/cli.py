@@ -295,10 +295,11 @@ def _resolve_checkpoint(ckpt_path: str, directory: Path, announce: bool) -> Path
 
 
 def _default_run_name(config) -> str:
-    """`tiny_format_copy_grpo` for configs/tiny/format_copy_grpo.yaml, seed appended when not 0."""
+    """`tiny_format_copy_grpo` for configs/tiny/format_copy_grpo.yaml (`<folder>_<file stem>`, the stem alone for
+    a file directly in `configs/`), seed appended when not 0; the same name from any working directory."""
     paths = [str(p) for p in (config.get("config") or [])]
     if paths:
-        path = Path(paths[-1])
+        path = Path(paths[-1]).resolve()
         name = f"{path.parent.name}_{path.stem}" if path.parent.name != "configs" else path.stem
     else:
         name = "run"

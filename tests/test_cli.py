@@ -339,3 +339,18 @@ def test_validate_without_a_checkpoint_to_load_is_one_line(tmp_path):
         run_cli([*args, "--ckpt_path=last", "--wandb_project=null"])
     with pytest.raises(RunDirError, match="keeps no best checkpoint"):
         run_cli([*args, "--ckpt_path=best", "--wandb_project=null"])
+
+
+def test_the_default_run_name_is_the_same_from_any_working_directory(tmp_path, monkeypatch):
+    """`--config config.yaml` from its own folder used to give `_config` (the relative path has no parent name)."""
+    from types import SimpleNamespace
+
+    from llm_pg.cli import _default_run_name
+
+    (tmp_path / "mytask").mkdir()
+    config = tmp_path / "mytask" / "config.yaml"
+    monkeypatch.chdir(tmp_path / "mytask")
+    here = _default_run_name(SimpleNamespace(get=lambda key: ["config.yaml"], seed=0))
+    monkeypatch.chdir("/")
+    elsewhere = _default_run_name(SimpleNamespace(get=lambda key: [str(config)], seed=2))
+    assert (here, elsewhere) == ("mytask_config", "mytask_config_seed2")
