@@ -176,11 +176,13 @@ def sequence_logprobs(module, model: torch.nn.Module, rollout: RolloutBatch, wit
     `[b, C]`: `out[i, c] = log_softmax(logits[i, P-1+c] / T)[input_ids[i, P+c]]`, in the module's compute dtype.
 
     With `logprob_chunk_size` > 0 the head and log-softmax run `logprob_chunk_size` positions at a time and are
-    recomputed in the backward (`llm_pg.chunked_logprobs`): no `[b, C, V]` logits tensor is held. 0: one head call.
+    recomputed in the backward (`llm_pg.chunked_logprobs`): no `[b, C, V]` logits tensor is held. 0 (and a model
+    sharded by FSDP2): one head call.
     """
     temperature = module.logprob_temperature
     chunk = module.hparams.logprob_chunk_size
-    if chunk:
+    # Under FSDP2 the root module's forward gathers the embedding and head weights: keep the plain path there.
+    if chunk and not is_sharded(model):
         with module.autocast():
             hidden = completion_hidden(model, rollout, module.hparams.share_prompt_prefix)  # [b, C, H]
             weight = _decoder_and_head(model)[1].weight  # [V, H]
