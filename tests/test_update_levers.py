@@ -126,3 +126,28 @@ def test_a_run_with_the_levers_trains_like_one_without(tmp_path, qwen_model_dir,
     for new_row, old_row in zip(logged["new"], logged["old"], strict=True):
         for key in ("train/loss", "train/kl", "train/clip_fraction", "train/entropy", "train/grad_norm"):
             assert new_row[key] == pytest.approx(old_row[key], rel=1e-4, abs=1e-7), key
+
+
+def test_chunked_head_under_bf16_autocast_matches_the_autocast_head():
+    # As on a GPU with dtype bfloat16: the plain head's matmul runs in bf16 and its logits are upcast. The chunked
+    # head gives the same log-probs and input gradient; its weight gradient sums float32 per-chunk partials where the
+    # plain backward rounds one bf16 matmul, so they agree to bf16 rounding (2^-8 relative), not bit for bit.
+    torch.manual_seed(0)
+    hidden = torch.randn(40, 32, requires_grad=True)
+    weight = (0.5 * torch.randn(1000, 32)).requires_grad_()
+    targets, upstream = torch.randint(0, 1000, (40,)), torch.randn(40)
+    results = []
+    for chunked in (False, True):
+        hidden.grad = weight.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if chunked:
+                logp = chunked_target_logprobs(hidden, weight, targets, 1.0, chunk_size=7)[0]
+            else:
+                logits = torch.nn.functional.linear(hidden, weight)  # [40, 1000] bf16
+                logp = torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None]).squeeze(-1)
+        (logp * upstream).sum().backward()
+        results.append((logp.detach(), hidden.grad.clone(), weight.grad.clone()))
+    (plain_logp, plain_hidden, plain_weight), (logp, grad_hidden, grad_weight) = results
+    torch.testing.assert_close(logp, plain_logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_hidden, plain_hidden, rtol=1e-5, atol=1e-5)
+    assert float((grad_weight - plain_weight).norm() / plain_weight.norm()) < 2**-8
