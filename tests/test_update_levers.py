@@ -151,3 +151,26 @@ def test_chunked_head_under_bf16_autocast_matches_the_autocast_head():
     torch.testing.assert_close(logp, plain_logp, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad_hidden, plain_hidden, rtol=1e-5, atol=1e-5)
     assert float((grad_weight - plain_weight).norm() / plain_weight.norm()) < 2**-8
+
+
+def test_share_prompt_dropout_lets_a_training_forward_with_dropout_share_prompts(qwen_model_dir):
+    # LoRA dropout 0.3 in train mode: by default each row draws its own mask, so the training forward runs every
+    # row's prompt; with share_prompt_dropout the prompt runs once per group (one mask per prompt), and under
+    # gradient checkpointing it still does not share. The no-grad eval-mode passes share either way.
+    from llm_pg.modules.logprobs import prefix_sharing_in_graph, shares_prefix
+
+    base = AutoModelForCausalLM.from_pretrained(qwen_model_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.3, target_modules=["q_proj", "v_proj"]))
+    model.train()
+    rollout = grouped_rollout(model, load_tokenizer(qwen_model_dir))
+    assert shares_prefix(model, rollout, enabled=True) is None
+    assert not prefix_sharing_in_graph(model, True)
+    first, _ = shares_prefix(model, rollout, enabled=True, shared_dropout=True)
+    assert len(first) == 3 and prefix_sharing_in_graph(model, True, shared_dropout=True)
+    seen = []
+    decoder = model.get_base_model().get_decoder()
+    decoder.register_forward_pre_hook(lambda _, args, kw: seen.append(kw["input_ids"].numel()), with_kwargs=True)
+    completion_hidden(model, rollout, share_prefix=True, shared_dropout=True)
+    assert seen == [3 * rollout.prompt_len, len(rollout) * (rollout.completion_mask.shape[1] - 1)]
+    model.get_base_model().gradient_checkpointing_enable()
+    assert shares_prefix(model, rollout, enabled=True, shared_dropout=True) is None

@@ -90,6 +90,10 @@ class PolicyGradientModule(L.LightningModule, ABC):
             log-probs, entropy and gradients to float rounding. A forward without prefix sharing then also packs each
             row's tokens to the left (`logprobs.packed_layout`: no padding between prompt and completion). 0: the
             plain path, one head call over the whole micro-batch.
+        share_prompt_dropout: let prefix sharing run in a training forward with dropout (LoRA's 0.05): the rows of a
+            prompt then share one dropout mask on its tokens. That changes only the gradient's variance (each row's
+            mask is still a fresh draw, marginally), not its expectation; off by default (the course draws a mask per
+            row). Gradient checkpointing still turns sharing off in the training forward.
         group_by_length: when a pass is one optimizer step and prefix sharing does not apply to its forwards
             (gradient checkpointing or dropout), run rows of similar length together (`update.length_sorted`): the
             same step to float rounding, less padding. false: rollout order.
@@ -149,6 +153,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         logprob_batch_size: int = 32,
         share_prompt_prefix: bool = True,
         logprob_chunk_size: int = 256,
+        share_prompt_dropout: bool = False,
         group_by_length: bool = True,
         log_generations_every: int = 10,
         log_generations_rows: int = 24,

@@ -11,7 +11,8 @@ over `u` distinct prompts.
 It is used when it is exact and pays off (`shares_prefix`): at least two rows per distinct prompt on average, a
 model that is not sharded (FSDP2 would gather the weights twice), and, in a forward that builds a graph, no
 gradient checkpointing (transformers then drops the cache) and no dropout (the duplicate rows would share one
-dropout mask on their prompt, which changes the estimator's noise). `model.init_args.share_prompt_prefix: false`
+dropout mask on their prompt, which changes the estimator's noise; `share_prompt_dropout: true` accepts that: one
+mask per prompt changes the gradient's variance, not its expectation). `model.init_args.share_prompt_prefix: false`
 turns it off.
 """
 
@@ -52,18 +53,23 @@ def distinct_prompts(rollout: RolloutBatch) -> tuple[Tensor, Tensor]:
     return first, inverse
 
 
-def shares_prefix(model: torch.nn.Module, rollout: RolloutBatch, enabled: bool) -> tuple[Tensor, Tensor] | None:
-    """`distinct_prompts(rollout)` when prefix sharing is on, exact and worth a second forward call, else None."""
+def shares_prefix(
+    model: torch.nn.Module, rollout: RolloutBatch, enabled: bool, shared_dropout: bool = False
+) -> tuple[Tensor, Tensor] | None:
+    """`distinct_prompts(rollout)` when prefix sharing is on, exact and worth a second forward call, else None.
+    `shared_dropout` (`share_prompt_dropout`) accepts, in a training forward, one dropout mask per prompt."""
     if not enabled or len(rollout) < 2 or is_sharded(model):
         return None
     builds_graph = torch.is_grad_enabled() and model.training
-    if builds_graph and (activation_checkpointing(model) or has_dropout(model)):
+    if builds_graph and (activation_checkpointing(model) or (has_dropout(model) and not shared_dropout)):
         return None
     first, inverse = distinct_prompts(rollout)
     return (first, inverse) if 2 * len(first) <= len(rollout) else None
 
 
-def completion_logits(model: torch.nn.Module, rollout: RolloutBatch, share_prefix: bool = True) -> Tensor:
+def completion_logits(
+    model: torch.nn.Module, rollout: RolloutBatch, share_prefix: bool = True, shared_dropout: bool = False
+) -> Tensor:
     """Logits `[b, C, V]` whose position c scores completion token c (sequence positions `P-1 .. P+C-2`).
 
     Positions number real tokens only (`cumsum(attention_mask) - 1`, as `generate` numbers left-padded prompts),
@@ -73,7 +79,7 @@ def completion_logits(model: torch.nn.Module, rollout: RolloutBatch, share_prefi
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, P+C]
     width = rollout.completion_mask.shape[1]  # C
     prompt = rollout.input_ids.shape[1] - width  # P
-    shared = shares_prefix(model, rollout, share_prefix)
+    shared = shares_prefix(model, rollout, share_prefix, shared_dropout)
     if shared is None:
         return model(
             input_ids=rollout.input_ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=width + 1
@@ -126,14 +132,16 @@ def packed_layout(rollout: RolloutBatch) -> tuple[Tensor, Tensor, Tensor]:
     return ids, packed_mask, index.clamp(0, total - 1)
 
 
-def prefix_sharing_in_graph(model: torch.nn.Module, enabled: bool) -> bool:
+def prefix_sharing_in_graph(model: torch.nn.Module, enabled: bool, shared_dropout: bool = False) -> bool:
     """Whether a training forward (grad on, train mode) may share prompt prefixes: on, unsharded, no gradient
-    checkpointing and no dropout (the conditions of `shares_prefix` that do not depend on the rows)."""
-    checkpointing = activation_checkpointing(model)
-    return enabled and not is_sharded(model) and not checkpointing and not has_dropout(model)
+    checkpointing, and no dropout unless `shared_dropout` (the conditions of `shares_prefix` not about the rows)."""
+    dropout_ok = shared_dropout or not has_dropout(model)
+    return enabled and not is_sharded(model) and not activation_checkpointing(model) and dropout_ok
 
 
-def completion_hidden(model: torch.nn.Module, rollout: RolloutBatch, share_prefix: bool = True) -> Tensor:
+def completion_hidden(
+    model: torch.nn.Module, rollout: RolloutBatch, share_prefix: bool = True, shared_dropout: bool = False
+) -> Tensor:
     """Final hidden states `[b, C, H]` whose position c scores completion token c (sequence positions
     `P-1 .. P+C-2`): `completion_logits` before the head, the head left to the caller (`chunked_target_logprobs`)."""
     decoder, _ = _decoder_and_head(model)
@@ -141,7 +149,7 @@ def completion_hidden(model: torch.nn.Module, rollout: RolloutBatch, share_prefi
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, P+C]
     width = rollout.completion_mask.shape[1]  # C
     prompt = rollout.input_ids.shape[1] - width  # P
-    shared = shares_prefix(model, rollout, share_prefix)
+    shared = shares_prefix(model, rollout, share_prefix, shared_dropout)
     if shared is None:
         ids, packed_mask, index = packed_layout(rollout)  # [b, T], [b, T], [b, C]
         out = decoder(input_ids=ids, attention_mask=packed_mask, position_ids=(packed_mask.cumsum(-1) - 1).clamp(min=0))
@@ -180,15 +188,16 @@ def sequence_logprobs(module, model: torch.nn.Module, rollout: RolloutBatch, wit
     sharded by FSDP2): one head call.
     """
     temperature = module.logprob_temperature
-    chunk = module.hparams.logprob_chunk_size
+    hp = module.hparams
+    chunk = hp.logprob_chunk_size
     # Under FSDP2 the root module's forward gathers the embedding and head weights: keep the plain path there.
     if chunk and not is_sharded(model):
         with module.autocast():
-            hidden = completion_hidden(model, rollout, module.hparams.share_prompt_prefix)  # [b, C, H]
+            hidden = completion_hidden(model, rollout, hp.share_prompt_prefix, hp.share_prompt_dropout)  # [b, C, H]
             weight = _decoder_and_head(model)[1].weight  # [V, H]
             return chunked_target_logprobs(hidden, weight, rollout.completion_ids, temperature, chunk, with_entropy)
     with module.autocast():
-        logits = completion_logits(model, rollout, module.hparams.share_prompt_prefix)  # [b, C, V]
+        logits = completion_logits(model, rollout, hp.share_prompt_prefix, hp.share_prompt_dropout)  # [b, C, V]
     logp = target_logprobs(logits, rollout.completion_ids, temperature)
     return logp, token_entropy(logits, temperature) if with_entropy else None
 

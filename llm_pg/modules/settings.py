@@ -128,6 +128,7 @@ def check_variant_settings(hp: dict[str, Any]) -> None:
     _flag("mask_truncated", hp["mask_truncated"])
     _flag("share_prompt_prefix", hp["share_prompt_prefix"])
     _flag("group_by_length", hp["group_by_length"])
+    _flag("share_prompt_dropout", hp["share_prompt_dropout"])
     if not (
         isinstance(hp["eval_samples"], int) and not isinstance(hp["eval_samples"], bool) and hp["eval_samples"] >= 0
     ):

@@ -86,7 +86,9 @@ def length_sorted(module, rollout: RolloutBatch) -> bool:
     when prefix sharing cannot apply to a forward that builds a graph (gradient checkpointing, dropout), grouping
     by prompt saves nothing, and rows of similar length waste the least padding (`logprobs.packed_layout`)."""
     hp = module.hparams
-    return hp.group_by_length and not prefix_sharing_in_graph(module.policy, hp.share_prompt_prefix)
+    return hp.group_by_length and not prefix_sharing_in_graph(
+        module.policy, hp.share_prompt_prefix, hp.share_prompt_dropout
+    )
 
 
 def forward_rows(rollout: RolloutBatch, minibatch_size: int, by_length: bool) -> list[Tensor]:
