@@ -110,7 +110,9 @@ def completion_logits(
 
 def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The model's decoder stack (hidden states after the final norm) and its LM head, through a peft wrapper."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    from peft import PeftModel  # imported where LoRA is used, as llm_pg.models does
+
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
     return base.get_decoder(), base.get_output_embeddings()
 
 
