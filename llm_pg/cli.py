@@ -163,7 +163,7 @@ class LLMPGCLI(LightningCLI):
         directory = Path(config.trainer.default_root_dir)
         if str(config.ckpt_path) == "best":
             raise RunDirError("--ckpt_path best: this trainer keeps no best checkpoint; give last or a checkpoint path")
-        path = _resolve_checkpoint(str(config.ckpt_path), directory / "checkpoints", announce=True)
+        path = _resolve_checkpoint(str(config.ckpt_path), directory / "checkpoints", True, "evaluating")
         if path is None:
             raise RunDirError(
                 f"no checkpoint in {directory / 'checkpoints'} to validate; check --run_name / --runs_root, or leave "
@@ -231,6 +231,7 @@ class LLMPGCLI(LightningCLI):
             log_dir = Path(config.trainer.default_root_dir)
             if self.subcommand not in (None, "fit"):  # `validate` must not replace a trained run's metrics.csv
                 log_dir = log_dir / self.subcommand
+                log_dir.mkdir(parents=True, exist_ok=True)  # before W&B starts in it (it warns of a missing dir)
             kwargs["logger"] = default_loggers(str(log_dir), config.run_name, config.wandb_project)
         if not config.trainer.get("plugins"):
             kwargs["plugins"] = [VerifiedCheckpointIO()]
@@ -271,9 +272,10 @@ class LLMPGCLI(LightningCLI):
         self.summary = finish_run(trainer, directory)
 
 
-def _resolve_checkpoint(ckpt_path: str, directory: Path, announce: bool) -> Path | None:
+def _resolve_checkpoint(ckpt_path: str, directory: Path, announce: bool, verb: str = "resuming from") -> Path | None:
     """`last`: the newest checkpoint in `directory` that verifies (None when there is none at all); a path: that
-    file, if it verifies. Lightning's other names (`best`, `hpc`) are not used by these runs."""
+    file, if it verifies. Lightning's other names (`best`, `hpc`) are not used by these runs. `announce`: print the
+    damaged ones passed over and `llm-pg: <verb> <path>`."""
     if ckpt_path != "last":
         reason = verify(ckpt_path)
         if reason == "no .sha256 beside it":
@@ -289,8 +291,8 @@ def _resolve_checkpoint(ckpt_path: str, directory: Path, announce: bool) -> Path
             print(f"llm-pg: {note}", flush=True)
     if path is None and skipped:
         raise RunDirError(f"no checkpoint in {directory} verifies; start afresh with --overwrite true")
-    if announce:
-        print(f"llm-pg: resuming from {path}" if path else f"llm-pg: no checkpoint in {directory}: starting afresh")
+    if announce and path is not None:
+        print(f"llm-pg: {verb} {path}", flush=True)
     return path
 
 

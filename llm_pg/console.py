@@ -35,6 +35,7 @@ LOG_RECORDS: dict[str, str] = {
     "lightning.pytorch.utilities.rank_zero": (
         r"💡 Tip: For seamless cloud logging|(TPU|HPU) available: "
         r"|Restoring states from the checkpoint path at |Restored all states from the checkpoint at "
+        r"|Loaded model weights from the checkpoint at "
     ),
     # Written at every checkpoint: this trainer always saves optimizer and data-stream state (weights_only=False).
     "lightning.pytorch.trainer.connectors.checkpoint_connector": r"`weights_only` was not set",

@@ -323,7 +323,7 @@ def test_validate_a_trained_run_evaluates_its_last_checkpoint(tmp_path, capsys):
     assert [r["completion"] for r in final] != [r["completion"] for r in base]  # training changed the policy
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "validate" not in p.parts}
     cli = run_cli(["validate", *common, "--ckpt_path=last"])
-    assert f"resuming from {run / 'checkpoints' / 'last.ckpt'}" in capsys.readouterr().out
+    assert f"evaluating {run / 'checkpoints' / 'last.ckpt'}" in capsys.readouterr().out
     validated = [json.loads(line) for line in (run / "validate" / "eval" / "iter_00003.jsonl").read_text().splitlines()]
     assert [r["completion"] for r in validated] == [r["completion"] for r in final]
     em = sum(r["correct"] for r in final) / len(final)

@@ -298,6 +298,10 @@ class IterationCheckpoint(ModelCheckpoint):
     def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         pass
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to restore: ModelCheckpoint's best-k bookkeeping is unused here (and restoring it into another
+        directory, as `llm-pg validate` does, only warns)."""
+
     def on_save_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if self.run_config is not None:
             checkpoint["llm_pg_config"] = self.run_config
