@@ -169,7 +169,7 @@ def run_side(side: str, args) -> dict:
             "processed_over_real": round(sum(seen) / (real * epochs), 3),
             "peak_mb": round(peak_mb(device) - base, 1),  # this phase's peak over what it started with
         }
-    lora_b = sum(float(p.abs().sum()) for n, p in module.policy.named_parameters() if "lora_B" in n)
+    lora_b = sum(float(p.detach().abs().sum()) for n, p in module.policy.named_parameters() if "lora_B" in n)
     return {"phases": phases, "lora_b_abs_sum": lora_b, "device": device.type}
 
 
