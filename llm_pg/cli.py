@@ -203,8 +203,7 @@ class LLMPGCLI(LightningCLI):
             return
         path = _resolve_checkpoint(str(config.ckpt_path), directory / "checkpoints", announce=owner)
         if path is None:
-            cadence = config.checkpoint
-            trained = trained_contents(directory, min(cadence.last_every_n_iterations, cadence.every_n_iterations))
+            trained = trained_contents(directory, _first_save(config.checkpoint, directory))
             if trained:  # never start afresh over a trained run: its results would be replaced
                 raise RunDirError(
                     f"run dir {directory} holds a trained run ({', '.join(trained)}) but no checkpoint to continue "
@@ -215,6 +214,12 @@ class LLMPGCLI(LightningCLI):
                 print(f"llm-pg: no checkpoint in {directory / 'checkpoints'}: starting afresh", flush=True)
                 trim_logs(directory, None)
             return
+        foreign = path.resolve().parent != (directory / "checkpoints").resolve()
+        if foreign and trained_contents(directory, _first_save(config.checkpoint, directory)):
+            raise RunDirError(  # resuming another run's checkpoint here would trim and overwrite this run
+                f"--ckpt_path {path} is not this run's, and run dir {directory} holds a trained run; continue from it "
+                "in a new --run_name"
+            )
         config.ckpt_path = str(path)
         iteration = self._check_trained_with(path, self.session.run_config)
         self.session.resume_iteration = iteration
@@ -294,6 +299,21 @@ def _resolve_checkpoint(ckpt_path: str, directory: Path, announce: bool, verb: s
     if announce and path is not None:
         print(f"llm-pg: {verb} {path}", flush=True)
     return path
+
+
+def _first_save(cadence, directory: Path) -> int:
+    """The first iteration the run in `directory` wrote a checkpoint for: the smaller of `last_every_n_iterations`
+    and `every_n_iterations`, the larger of this command's value and the run's own (its config.yaml: the cadence
+    may change on resume), so a run killed in its first checkpoint write is replayed, not refused."""
+    import yaml
+
+    first = min(cadence.last_every_n_iterations, cadence.every_n_iterations)
+    try:
+        stored = yaml.safe_load((directory / "config.yaml").read_text()).get("checkpoint") or {}
+        first = max(first, min(int(stored["last_every_n_iterations"]), int(stored["every_n_iterations"])))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError):
+        pass  # no readable config.yaml: this command's cadence
+    return first
 
 
 def _default_run_name(config) -> str:

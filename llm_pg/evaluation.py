@@ -20,7 +20,7 @@ import lightning as L
 import torch
 
 from llm_pg.data.tasks.base import Example, Task
-from llm_pg.guards import checked_scores
+from llm_pg.guards import RunStopped, checked_scores, stop_together
 from llm_pg.rollout import derive_seed
 
 
@@ -86,6 +86,7 @@ def _evaluate_shard(
     sums: dict[str, float] = {}
     completions: list[str] = []
     per_call = prompts_per_call(module, len(examples))
+    failure = None  # a reward that raises or is not finite: the run stops, on every rank, after the loop
     for start in range(0, len(examples), per_call):
         batch = list(examples[start : start + per_call])
         texts = module.engine.generate(  # the rollout engine (HF or vLLM), greedy
@@ -96,9 +97,14 @@ def _evaluate_shard(
             chat_template=hp.chat_template,
         ).texts
         completions.extend(texts)
-        checked_scores(task, texts, batch, module.iteration, "evaluation at")  # a reward that raises stops the run
+        try:
+            checked_scores(task, texts, batch, module.iteration, "evaluation at")
+        except RunStopped as stop:
+            failure = stop
+            break
         for name, value in task.eval_metrics(texts, batch).items():
             sums[name] = sums.get(name, 0.0) + value * len(batch)
+    stop_together(module, failure, f"evaluation at iteration {module.iteration}")  # ranks' shards differ in size
     if hp.eval_samples > 0 and examples:
         sums.update(_sampled_sums(module, task, examples, rank))
     return sums, completions

@@ -80,17 +80,42 @@ def checked_scores(
     return scores
 
 
+def scores_or_stop(
+    module, task: Task, texts: Sequence[str], examples: Sequence[Example], iteration: int, where: str = "the rollout of"
+) -> list[Score]:
+    """`checked_scores` on every rank, the stop agreed across ranks (`stop_together`)."""
+    try:
+        scores = checked_scores(task, texts, examples, iteration, where)
+    except RunStopped as stop:
+        stop_together(module, stop, f"{where} iteration {iteration}")
+    stop_together(module, None, f"{where} iteration {iteration}")
+    return scores
+
+
+def stop_together(module, failure: RunStopped | None, where: str) -> None:
+    """Raise `failure` here, and on every other rank too: under DDP a rank whose rows were fine learns (one
+    all-reduce, which every rank makes) that another's were not, instead of waiting for it in the next collective."""
+    trainer = getattr(module, "_trainer", None)
+    if trainer is not None and trainer.world_size > 1:
+        flag = torch.tensor(float(failure is not None), device=module.device)
+        torch.distributed.all_reduce(flag)
+        if flag.item() and failure is None:
+            failure = RunStopped(f"another rank's rewards stopped the run at {where} (its line names the row)")
+    if failure is not None:
+        raise failure
+
+
 def weights_finite(policy: torch.nn.Module) -> bool:
-    """Whether every trainable weight is finite (one reduction per tensor; FSDP2 shards are checked whole)."""
-    for param in policy.parameters():
-        if param.requires_grad:
-            local = param.to_local() if isinstance(param, DTensor) else param
-            bad = torch.tensor(float(not torch.isfinite(local).all()), device=local.device)
-            if isinstance(param, DTensor):
-                torch.distributed.all_reduce(bad)
-            if bad.item():
-                return False
-    return True
+    """Whether every trainable weight is finite: one flag per tensor, summed on the device, one host sync (and,
+    under FSDP2, one all-reduce of the shards' flags, which every rank makes)."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    if not params:
+        return True
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+    bad = torch.stack([(~torch.isfinite(t)).any() for t in local]).sum().float()
+    if any(isinstance(p, DTensor) for p in params):
+        torch.distributed.all_reduce(bad)
+    return not bool(bad.item())
 
 
 class DivergenceGuard:
@@ -109,18 +134,21 @@ class DivergenceGuard:
         knobs = f"lower model.init_args.lr (now {lr:g}) or check the rewards and max_grad_norm"
         if not weights_ok:
             raise RunStopped(f"iteration {iteration}: a trainable weight is not finite (inf or NaN); {knobs}")
+        # Decided on what every rank shares (the averaged gradient's norms, the weights), never on a rank's own
+        # loss: under DDP every rank must stop at the same iteration. A non-finite loss makes a non-finite gradient.
         all_skipped = bool(grad_norms) and not any(math.isfinite(g) for g in grad_norms)
-        if not math.isfinite(loss) or all_skipped:
+        if all_skipped:
             self.streak += 1
         else:
             self.streak = 0
             self.healthy_iteration = iteration
         if self.streak >= self.max_skipped_iterations:
             first = iteration - self.streak + 1
+            span = f"iteration {iteration}" if first == iteration else f"iterations {first}-{iteration}"
             what = f"the loss is {loss}" if not math.isfinite(loss) else "every gradient was non-finite"
             raise RunStopped(
-                f"iterations {first}-{iteration}: every optimizer step was skipped ({what}); the run stopped after "
-                f"{self.streak} such iterations (model.init_args.max_skipped_iterations="
-                f"{self.max_skipped_iterations}); "
-                f"the last healthy checkpoint is of iteration {self.healthy_iteration}; {knobs}"
+                f"{span}: every optimizer step was skipped ({what}); the run stopped after {self.streak} such "
+                f"iterations (model.init_args.max_skipped_iterations={self.max_skipped_iterations}); the newest "
+                f"iter_*.ckpt of iteration {self.healthy_iteration} or earlier (the last healthy one) is kept, if one "
+                f"was written; {knobs}, in a new --run_name"
             )

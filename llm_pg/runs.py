@@ -24,6 +24,21 @@ from pathlib import Path
 import lightning as L
 
 LOCK, COMPLETE = ".lock", "COMPLETE"
+RUN_FILES = (
+    LOCK,
+    COMPLETE,
+    "config.yaml",
+    "hparams.yaml",
+    "metrics.csv",
+    "generations.jsonl",
+    "eval",
+    "final",
+    "checkpoints",
+    "validate",
+    "wandb",
+    "report.md",
+    "overview.png",
+)  # what a run writes, by name
 NAME_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@,-]*$")  # one folder of a run name
 OWNERSHIP_HELP = "continue it with --ckpt_path last, pick a new --run_name, or --overwrite true (moves it aside)"
 
@@ -65,8 +80,10 @@ def run_directory(runs_root: str, run_name: str) -> Path:
     real = directory.resolve()
     if real == real_root or real_root not in real.parents:
         raise RunDirError(f"--run_name {run_name!r} resolves to {real}, outside --runs_root {real_root}; {rule}")
-    for parent in directory.relative_to(root).parents:
-        if parent != Path(".") and holds_run(root / parent):
+    for parent in [*reversed(directory.relative_to(root).parents), directory.relative_to(root)]:
+        if parent != Path(".") and (root / parent).exists() and not (root / parent).is_dir():
+            raise RunDirError(f"--run_name {run_name!r}: {root / parent} is a file, not a folder; pick another name")
+        if parent not in (Path("."), directory.relative_to(root)) and holds_run(root / parent):
             raise RunDirError(
                 f"--run_name {run_name!r} lies inside the run directory {root / parent}; pick a name outside it"
             )
@@ -75,6 +92,12 @@ def run_directory(runs_root: str, run_name: str) -> Path:
         if inner is not None:
             raise RunDirError(
                 f"run dir {directory} holds other runs ({inner.parent}); give the run a folder of its own (--run_name)"
+            )
+        linked = [name for name in RUN_FILES if (directory / name).is_symlink()]
+        if linked:
+            raise RunDirError(
+                f"run dir {directory}: {', '.join(linked)} is a symbolic link; a run directory holds its own files "
+                "(nothing is written or deleted through a link): remove it, or pick a new --run_name"
             )
     return directory
 
@@ -186,7 +209,14 @@ class RunLock:
     def acquire(cls, directory: str | Path) -> RunLock:
         directory = Path(directory)
         path = directory / LOCK
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(
+                path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644
+            )  # a link would write through to its target
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            raise RunDirError(f"{path} is a symbolic link; a run directory holds its own files: remove it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             held = False

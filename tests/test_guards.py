@@ -68,9 +68,15 @@ def test_the_guard_counts_consecutive_bad_iterations_and_remembers_the_last_heal
     guard.check(3, [math.inf, math.nan], 0.5, True, 3e-5)
     assert (guard.streak, guard.healthy_iteration) == (1, 2)
     guard.check(4, [0.1], 0.4, True, 3e-5)  # recovered: the streak starts again
-    guard.check(5, [0.1], math.nan, True, 3e-5)  # a non-finite loss counts as a bad iteration
-    with pytest.raises(RunStopped, match=r"iterations 5-6: every optimizer step was skipped .*healthy .* iteration 4"):
-        guard.check(6, [math.nan], 0.1, True, 3e-5)
+    guard.check(5, [0.1], math.nan, True, 3e-5)  # this rank's loss alone decides nothing: ranks must agree
+    assert (guard.streak, guard.healthy_iteration) == (0, 5)
+    guard.check(6, [math.nan], math.nan, True, 3e-5)
+    with pytest.raises(RunStopped, match=r"iterations 6-7: every optimizer step was skipped \(the loss is nan\)"):
+        guard.check(7, [math.nan], math.nan, True, 3e-5)
+    with pytest.raises(RunStopped, match=r"^iteration 3: every optimizer step .* iteration 2 or earlier"):
+        guard = DivergenceGuard(1)
+        guard.check(2, [0.2], 0.1, True, 3e-5)
+        guard.check(3, [math.inf], 0.1, True, 3e-5)
     with pytest.raises(RunStopped, match=r"iteration 7: a trainable weight is not finite.*lower model.init_args.lr"):
         DivergenceGuard(3).check(7, [0.1], 0.1, False, 3e-5)
     DivergenceGuard(1).check(1, [], 0.0, True, 3e-5)  # no step at all (every group filtered) is not divergence
@@ -145,3 +151,14 @@ def test_rewards_that_are_not_finite_or_raise_stop_the_run_at_that_rollout(
     run = tmp_path / "run"
     assert not (run / "COMPLETE").exists() and not (run / "final").exists()
     assert not list((run / "checkpoints").glob("*.ckpt"))  # stopped before the first update
+
+
+def test_a_stopped_run_is_never_continued_or_completed_by_a_resume(tmp_path, random_model_dir):
+    """Found in review: the stop was not saved, so `--ckpt_path last` on a run stopped at its last iteration found
+    "nothing to train", evaluated the NaN policy and wrote final/ and COMPLETE."""
+    with pytest.raises(RunStopped):
+        fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", *DIGITS, callback("NaNWeightAfterStep", at=2))
+    with pytest.raises(RunStopped, match=r"^this checkpoint is of a run that stopped \(iteration 2: a trainable"):
+        fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", *DIGITS, "--ckpt_path=last")
+    run = tmp_path / "run"
+    assert not (run / "COMPLETE").exists() and not (run / "final").exists()

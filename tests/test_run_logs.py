@@ -118,3 +118,44 @@ def test_a_finished_run_whose_checkpoints_were_deleted_is_never_retrained_over(
     assert f"run dir {run} holds a trained run (COMPLETE, final/, metrics.csv with rows up to iteration 2)" in lines[0]
     assert "--overwrite true" in lines[0] and "--run_name" in lines[0]
     assert snapshot(run) == before  # nothing deleted, nothing retrained
+
+
+def test_another_runs_checkpoint_never_trims_a_trained_run(tmp_path, random_model_dir, capsys, monkeypatch):
+    """Found in review: `--run_name B --ckpt_path runs/A/checkpoints/iter_...` trimmed B's rows and overwrote it."""
+    monkeypatch.setattr(sys, "argv", ["llm-pg"])
+    monkeypatch.setenv("LLM_PG_DEBUG", "0")
+    base = ["fit", f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}", f"--runs_root={tmp_path}"]
+    base += [
+        f"--model.init_args.model_name_or_path={random_model_dir}",
+        *SMALL,
+        *DIGITS,
+        "--checkpoint.every_n_iterations=1",
+    ]
+    run_cli([*base, "--run_name=a", "--model.init_args.iterations=1"])
+    run_cli([*base, "--run_name=b", "--model.init_args.iterations=2"])
+    before = snapshot(tmp_path / "b")
+    with pytest.raises(SystemExit) as stop:
+        main(
+            [
+                *base,
+                "--run_name=b",
+                "--model.init_args.iterations=2",
+                f"--ckpt_path={tmp_path}/a/checkpoints/iter_00001.ckpt",
+            ]
+        )
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("llm-pg")]
+    assert stop.value.code == 2 and "is not this run's" in lines[0], lines
+    assert snapshot(tmp_path / "b") == before
+
+
+def test_the_first_save_counts_the_runs_own_cadence(tmp_path):
+    """A run trained with last_every_n_iterations=5, killed in its first write, is replayed (rows up to 5), even
+    when the resume gives the default cadence (found in review)."""
+    from types import SimpleNamespace
+
+    from llm_pg.cli import _first_save
+
+    (tmp_path / "config.yaml").write_text("checkpoint:\n  every_n_iterations: 10\n  last_every_n_iterations: 5\n")
+    assert _first_save(SimpleNamespace(last_every_n_iterations=1, every_n_iterations=10), tmp_path) == 5
+    (tmp_path / "config.yaml").write_text("!!python/object/apply:os.system ['true']\n")  # never run, just ignored
+    assert _first_save(SimpleNamespace(last_every_n_iterations=1, every_n_iterations=10), tmp_path) == 1

@@ -141,3 +141,35 @@ def test_a_kill_at_the_rename_leaves_the_whole_old_run_on_one_side(tmp_path, mon
     (aside,) = tmp_path.glob("run.old-*")
     assert sorted(p.name for p in aside.iterdir()) == [".lock", "COMPLETE", "final", "metrics.csv"]
     assert not run.exists()  # no half-run left under the old name for a sweep to count as finished
+
+
+@pytest.mark.parametrize("name", [".lock", "eval", "metrics.csv", "final"])
+def test_a_run_dir_whose_files_are_links_is_refused(tmp_path, name):
+    """Found in review: a `.lock` link had the lock write through to its target, an `eval/` link had trim_logs
+    delete files outside the run."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "iter_00007.jsonl").write_text("precious\n")
+    (tmp_path / "runs" / "run").mkdir(parents=True)
+    os.symlink(outside if name in ("eval", "final") else outside / "iter_00007.jsonl", tmp_path / "runs" / "run" / name)
+    with pytest.raises(RunDirError, match=rf"{name} is a symbolic link; a run directory holds its own files"):
+        run_directory(str(tmp_path / "runs"), "run")
+    assert (outside / "iter_00007.jsonl").read_text() == "precious\n"
+
+
+def test_the_lock_never_writes_through_a_link(tmp_path):
+    from llm_pg.runs import RunLock
+
+    (tmp_path / "precious.txt").write_text("keep\n")
+    (tmp_path / "run").mkdir()
+    os.symlink(tmp_path / "precious.txt", tmp_path / "run" / ".lock")
+    with pytest.raises(RunDirError, match=r"\.lock is a symbolic link"):
+        RunLock.acquire(tmp_path / "run")
+    assert (tmp_path / "precious.txt").read_text() == "keep\n"
+
+
+def test_a_run_name_that_is_a_file_or_below_one_is_one_line(tmp_path):
+    (tmp_path / "f").write_text("x")
+    for name in ("f", "f/x"):
+        with pytest.raises(RunDirError, match=r"is a file, not a folder; pick another name"):
+            run_directory(str(tmp_path), name)

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from llm_pg.data.tasks.base import Score
 from llm_pg.engines.vllm import VLLMGeneration
 from llm_pg.generation import eos_token_ids
-from llm_pg.guards import checked_scores
+from llm_pg.guards import scores_or_stop
 from llm_pg.losses import advantages, completion_mask, settled_groups
 from llm_pg.rollout import RolloutBatch, derive_seed
 
@@ -49,7 +49,7 @@ class RolloutCallback(Callback):
         sampling_seconds = time.perf_counter() - start  # generation alone: `time/tokens_per_s`
         prompt_index = [i // hp.group_size for i in range(len(sample.texts))]
         rows = [examples[i] for i in prompt_index]
-        scores = checked_scores(task, sample.texts, rows, module.iteration + 1)  # finite, or the run stops here
+        scores = scores_or_stop(module, task, sample.texts, rows, module.iteration + 1)  # finite, or the run stops
         device = sample.completion_ids.device
         rewards = torch.tensor([s.total for s in scores], dtype=torch.float32, device=device)
         eos = eos_token_ids(module.policy, module.tokenizer)

@@ -281,6 +281,13 @@ class PolicyGradientModule(L.LightningModule, ABC):
             self.reference.to(self.device)
 
     def on_train_start(self) -> None:
+        if self.stop_reason is not None or not weights_finite(self.policy):  # never train on, or finish, a diverged run
+            raise RunStopped(
+                f"this checkpoint is of a run that stopped ({self.stop_reason or 'a trainable weight is not finite'}); "
+                "it cannot be continued or completed: start a new --run_name (a resume keeps the settings that "
+                f"diverged); iter_*.ckpt files of iteration {self.divergence.healthy_iteration} or earlier, if kept, "
+                "hold the policy from before"
+            )
         self._clock = time.perf_counter() - self.elapsed_before
         if self.iteration >= self.hparams.iterations:  # resumed from the final checkpoint
             rank_zero_info(
@@ -409,6 +416,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
             "latest_eval": dict(self.latest_eval),
             "elapsed": time.perf_counter() - self._clock,
             "divergence": {"streak": self.divergence.streak, "healthy_iteration": self.divergence.healthy_iteration},
+            "stop_reason": self.stop_reason,
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -421,3 +429,4 @@ class PolicyGradientModule(L.LightningModule, ABC):
         divergence = state.get("divergence", {})
         self.divergence.streak = int(divergence.get("streak", 0))
         self.divergence.healthy_iteration = int(divergence.get("healthy_iteration", self.iteration))
+        self.stop_reason = state.get("stop_reason")
