@@ -109,6 +109,8 @@ def test_top_level_and_trainer_keys_have_help(monkeypatch):
 TASKS = [getattr(tasks, name) for name in tasks.__all__ if inspect.isclass(getattr(tasks, name))]
 CLASSES = [GRPOModule, ReinforceModule, PromptGroupDataModule, IterationCheckpoint]
 CLASSES += [t for t in TASKS if issubclass(t, Task) and t is not Task]
+
+
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
 def test_every_key_of_the_classes_a_config_names_has_help(cls):
     parser = ArgumentParser()
