@@ -12,6 +12,7 @@ last iteration: it, not `final/`, says a run is finished. What a resume keeps of
 
 from __future__ import annotations
 
+import csv
 import errno
 import fcntl
 import json
@@ -127,8 +128,6 @@ def trained_contents(path: str | Path, first_save: int = 1) -> list[str]:
 
 def _last_logged_iteration(metrics: Path) -> int:
     """The largest `step` of `metrics.csv` (-1 when it has none or cannot be read)."""
-    import csv
-
     try:
         with metrics.open(newline="") as f:
             return int(max((_float(row.get("step")) for row in csv.DictReader(f)), default=-1))

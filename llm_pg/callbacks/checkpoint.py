@@ -328,9 +328,11 @@ class IterationCheckpoint(ModelCheckpoint):
         """Drop the oldest `iter_*.ckpt` beyond `keep_last`, never the newest one of an iteration at or before
         `healthy_iteration` (the last before a streak of skipped or non-finite iterations: the one to go back to)."""
         copies = sorted(directory.glob("iter_*.ckpt"), key=checkpoint_iteration)
-        healthy = [path for path in copies if checkpoint_iteration(path) <= healthy_iteration][-1:]
+        healthy = max(
+            (p for p in copies if checkpoint_iteration(p) <= healthy_iteration), key=checkpoint_iteration, default=None
+        )
         for old in copies[: -self.keep_last]:
-            if old not in healthy:
+            if old != healthy:
                 old.unlink(missing_ok=True)
                 hash_path(old).unlink(missing_ok=True)
 
