@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from llm_pg.models import kv_cache, with_kv_cache
 
@@ -108,6 +109,7 @@ def generate(
     was_training = model.training
     model.eval()
     cache = prompt_cache(model, encoded, num_samples) if share_prompt else None
+    cache = reserved_cache(model, cache, max_new_tokens)
     devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, enabled=seed is not None):
         if seed is not None:
@@ -153,4 +155,71 @@ def prompt_cache(model: PreTrainedModel, encoded: dict[str, Tensor], num_samples
     cache = kv_cache(output)
     if cache is not None:
         cache.batch_repeat_interleave(num_samples)
+    return cache
+
+
+class ReservedLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys and values are views into buffers with room for `reserve` more positions.
+
+    `DynamicLayer.update` concatenates, so decoding T tokens copies the whole cache T times (O(T^2) memory traffic:
+    at 64 rows x 128 tokens on the tiny model that copy was ~60 % of a decode step on the CPU). Here an update
+    writes the new positions into the buffers in place and exposes their first positions: the same keys and values,
+    the same shapes, so attention computes what it computed before. When the buffers are full, or something
+    replaced `keys`/`values` (a crop, a batch reorder), the current contents are copied into new buffers once.
+    """
+
+    def __init__(self, reserve: int) -> None:
+        super().__init__()
+        self.reserve = reserve
+        self._buffers: tuple[Tensor, Tensor] | None = None
+        self._views: tuple[Tensor | None, Tensor | None] = (None, None)
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        held, new = self.get_seq_length(), key_states.shape[-2]
+        buffers = self._buffers
+        current = buffers is not None and self.keys is self._views[0] and self.values is self._views[1]
+        if not current or held + new > buffers[0].shape[-2] or buffers[0].shape[:2] != key_states.shape[:2]:
+            buffers = self._reallocate(held, new, key_states, value_states)
+        for buffer, states in zip(buffers, (key_states, value_states), strict=True):
+            buffer[..., held : held + new, :].copy_(states)
+        self.keys, self.values = (buffer[..., : held + new, :] for buffer in buffers)
+        self._views = (self.keys, self.values)
+        return self.keys, self.values
+
+    def _reallocate(self, held: int, new: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
+        capacity = held + new + max(self.reserve, held)
+        fresh = []
+        for old, states in ((self.keys, key_states), (self.values, value_states)):
+            shape = (*states.shape[:-2], capacity, states.shape[-1])
+            buffer = states.new_empty(shape)
+            if held:
+                buffer[..., :held, :].copy_(old)
+            fresh.append(buffer)
+        self._buffers = (fresh[0], fresh[1])
+        return self._buffers
+
+
+def reserved_cache(model: PreTrainedModel, cache: DynamicCache | None, max_new_tokens: int) -> DynamicCache | None:
+    """`cache` (a new empty one when None) with each plain `DynamicLayer` replaced by a `ReservedLayer` holding the
+    same keys and values and room for `max_new_tokens` more positions; sliding-window and other layer kinds are kept.
+    None where `generate` must build its own cache (the generation config names a cache implementation) or the
+    model's config gives no cache layout."""
+    if cache is None:
+        if getattr(model.generation_config, "cache_implementation", None) is not None:
+            return None
+        try:
+            cache = DynamicCache(config=model.config)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list):
+        return cache
+    for index, layer in enumerate(layers):
+        if type(layer) is DynamicLayer:
+            reserved = ReservedLayer(max_new_tokens)
+            if layer.is_initialized and layer.get_seq_length() > 0:
+                reserved.update(layer.keys, layer.values)
+            layers[index] = reserved
     return cache
