@@ -14,6 +14,9 @@ llm_pg names either spelling.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,10 @@ from typing import Any
 import torch
 import transformers
 from packaging.version import Version
+from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from llm_pg.tiny import TINY_CHAT_DIR
 
@@ -53,6 +59,90 @@ def activation_checkpointing(model: torch.nn.Module) -> bool:
     checkpointed layer (what `is_activation_checkpointing`, formerly `is_gradient_checkpointing`, reads), through a
     peft wrapper too; False for a model that has none."""
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
+def _non_reentrant(module: torch.nn.Module) -> bool:
+    """Whether the module's checkpoint function is torch's with `use_reentrant=False` (what transformers builds:
+    `functools.partial(checkpoint, **kwargs)`); False when that cannot be told."""
+    func = getattr(module, "_gradient_checkpointing_func", None)  # private: absent means unknown
+    return isinstance(func, functools.partial) and func.keywords.get("use_reentrant") is False
+
+
+def cache_survives_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether a forward that builds a graph can carry a KV cache through the model's checkpointed layers: each is a
+    transformers `GradientCheckpointingLayer`, which keeps the cache when `_can_checkpoint_with_cache` is True
+    (`cache_kept_under_checkpointing`), and checkpoints non-reentrantly, the variant whose backward reaches tensors
+    that left a layer through the cache (the reentrant one runs the forward without a graph). The other flagged
+    modules must be the transformers models themselves (their flag only turns `use_cache` off)."""
+    flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    layers = [m for m in flagged if isinstance(m, GradientCheckpointingLayer)]
+    return (
+        bool(layers)
+        # private (5.x): a transformers without it drops the cache under checkpointing, so sharing stays off there
+        and hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache")
+        and all(isinstance(m, GradientCheckpointingLayer | PreTrainedModel) for m in flagged)
+        and all(_non_reentrant(m) for m in flagged)
+    )
+
+
+@contextmanager
+def cache_kept_under_checkpointing(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, the model's checkpointed layers pass a KV cache on instead of dropping it (an instance
+    `_can_checkpoint_with_cache = True` over the class's False); afterwards, also after an exception, each layer
+    reads its class value again. Only for caches that a recompute cannot corrupt (`PromptCache` and its `rows`)."""
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    before = [m.__dict__.get("_can_checkpoint_with_cache") for m in layers]  # None: no instance value
+    try:
+        for layer in layers:
+            layer._can_checkpoint_with_cache = True
+        yield
+    finally:
+        for layer, value in zip(layers, before, strict=True):
+            if value is None:
+                layer.__dict__.pop("_can_checkpoint_with_cache", None)
+            else:
+                layer._can_checkpoint_with_cache = value
+
+
+class _RecordingLayer(DynamicLayer):
+    """Keeps the keys and values of its first `update` `[u, h, P, d]`; a later call (the backward's recompute of a
+    checkpointed layer) stores nothing. Every call returns its own keys and values, as a first update of an empty
+    cache would, so the forward and its recompute run the same operations."""
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states, value_states
+        return key_states, value_states
+
+
+class _PromptRowsLayer(DynamicLayer):
+    """Read-only prompt keys and values `[b, h, P, d]`: `update` returns `cat(prompt, new)` along the sequence and
+    stores nothing, so `get_seq_length` and `get_mask_sizes` stay the prompt's in the forward and its recompute."""
+
+    def __init__(self, keys: Tensor, values: Tensor) -> None:
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys, self.values = keys, values
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+
+class PromptCache(Cache):
+    """The KV cache of a prompt pass under gradient checkpointing: each layer records its keys and values once."""
+
+    def __init__(self) -> None:
+        super().__init__(layer_class_to_replicate=_RecordingLayer)
+
+    def rows(self, index: Tensor) -> Cache:
+        """A read-only cache of the recorded prompts copied to rows, `keys[index]` per layer (`index_select`, so
+        the rows' gradients flow back into the one prompt pass)."""
+        return Cache(
+            layers=[
+                _PromptRowsLayer(m.keys.index_select(0, index), m.values.index_select(0, index)) for m in self.layers
+            ]
+        )
 
 
 @dataclass

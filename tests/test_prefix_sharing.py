@@ -1,7 +1,7 @@
 """Prompt-prefix sharing (`llm_pg.modules.logprobs`): each distinct prompt runs once, the completions on its cache.
 
 The logits and gradients equal the plain forward's (float rounding apart), fewer token positions run, and it
-stays off wherever it would not be exact: gradient checkpointing or dropout in a forward that builds a graph.
+stays off wherever it would not be exact: reentrant gradient checkpointing or dropout in a forward that builds a graph.
 """
 
 from types import SimpleNamespace
@@ -137,8 +137,10 @@ def test_sharing_stays_off_where_it_would_not_be_exact_or_would_not_pay(random_m
     assert shares_prefix(model, rollout, enabled=False) is None
     mixed = rollout.select(torch.tensor([0, 4, 8, 1]))  # 3 distinct prompts in 4 rows: a second call does not pay
     assert shares_prefix(model, mixed, enabled=True) is None
-    model.gradient_checkpointing_enable()
-    assert shares_prefix(model, rollout, enabled=True) is None  # transformers drops the cache under checkpointing
+    # Reentrant checkpointing runs each layer's forward without a graph: keys leaving a layer through the cache would
+    # carry no gradient (non-reentrant checkpointing shares: tests/test_prefix_checkpointing.py).
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    assert shares_prefix(model, rollout, enabled=True) is None
     with torch.no_grad():
         assert shares_prefix(model, rollout, enabled=True) is not None  # no graph: the no-grad passes still share
     model.gradient_checkpointing_disable()

@@ -2,18 +2,22 @@
 
 A rollout holds `G` completions per prompt, and every row is `[prompt | completion]`. A plain forward runs each
 prompt's tokens `G` times. With prefix sharing the distinct prompts of a batch run once, their keys and values
-are copied to every row that shares them (`Cache.reorder_cache`, an `index_select`: gradients flow back through
-it into the one prompt pass), and the completions run on top of that cache. The logits are the plain forward's up
-to float rounding (within 1e-4 on float32 logits: tests/test_prefix_sharing.py), and so are the gradients; the
-saving is the prompt tokens of the duplicate rows: `(b - u) * P` of `b * (P + C)` token positions for `b` rows
-over `u` distinct prompts.
+are copied to every row that shares them (an `index_select`: gradients flow back through it into the one prompt
+pass), and the completions run on top of that cache. The logits are the plain forward's up to float rounding
+(within 1e-4 on float32 logits: tests/test_prefix_sharing.py), and so are the gradients; the saving is the prompt
+tokens of the duplicate rows: `(b - u) * P` of `b * (P + C)` token positions for `b` rows over `u` distinct prompts.
 
 It is used when it is exact and pays off (`shares_prefix`): at least two rows per distinct prompt on average, a
-model that is not sharded (FSDP2 would gather the weights twice), and, in a forward that builds a graph, no
-gradient checkpointing (transformers then drops the cache) and no dropout (the duplicate rows would share one
-dropout mask on their prompt, which changes the estimator's noise; `share_prompt_dropout: true` accepts that: one
-mask per prompt changes the gradient's variance, not its expectation). `model.init_args.share_prompt_prefix: false`
-turns it off.
+model that is not sharded (FSDP2 would gather the weights twice), and, in a forward that builds a graph, no dropout
+(the duplicate rows would share one dropout mask on their prompt, which changes the estimator's noise;
+`share_prompt_dropout: true` accepts that: one mask per prompt changes the gradient's variance, not its
+expectation) and no reentrant gradient checkpointing. Under non-reentrant checkpointing (what
+`llm_pg.models.enable_activation_checkpointing` sets) the layers are told to keep the cache for the two calls
+(`models.cache_kept_under_checkpointing`), and the caches are ones the backward's recompute of a layer cannot
+corrupt: the prompt pass records its keys and values once (`models.PromptCache`), the completion pass reads the
+rows' copy without storing (`PromptCache.rows`), so the recompute sees what the forward saw. The reentrant variant
+runs each layer's forward without a graph: keys that leave a layer through the cache would carry no gradient, so
+sharing stays off there. `model.init_args.share_prompt_prefix: false` turns it off.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ from torch import Tensor
 
 from llm_pg.chunked_logprobs import chunked_target_logprobs
 from llm_pg.losses import target_logprobs, token_entropy
-from llm_pg.models import activation_checkpointing, kv_cache, with_kv_cache
+from llm_pg.models import (
+    PromptCache,
+    activation_checkpointing,
+    cache_kept_under_checkpointing,
+    cache_survives_checkpointing,
+    kv_cache,
+    with_kv_cache,
+)
 from llm_pg.rollout import RolloutBatch
 from llm_pg.strategies import is_sharded
 
@@ -53,6 +64,15 @@ def distinct_prompts(rollout: RolloutBatch) -> tuple[Tensor, Tensor]:
     return first, inverse
 
 
+def prefix_sharing_in_graph(model: torch.nn.Module, enabled: bool, shared_dropout: bool = False) -> bool:
+    """Whether a training forward (grad on, train mode) may share prompt prefixes: on, unsharded, no gradient
+    checkpointing unless a non-reentrant one the cache survives (`models.cache_survives_checkpointing`), and no
+    dropout unless `shared_dropout` (the conditions of `shares_prefix` not about the rows)."""
+    dropout_ok = shared_dropout or not has_dropout(model)
+    checkpointing_ok = not activation_checkpointing(model) or cache_survives_checkpointing(model)
+    return enabled and not is_sharded(model) and checkpointing_ok and dropout_ok
+
+
 def shares_prefix(
     model: torch.nn.Module, rollout: RolloutBatch, enabled: bool, shared_dropout: bool = False
 ) -> tuple[Tensor, Tensor] | None:
@@ -61,10 +81,55 @@ def shares_prefix(
     if not enabled or len(rollout) < 2 or is_sharded(model):
         return None
     builds_graph = torch.is_grad_enabled() and model.training
-    if builds_graph and (activation_checkpointing(model) or (has_dropout(model) and not shared_dropout)):
+    if builds_graph and not prefix_sharing_in_graph(model, enabled, shared_dropout):
         return None
     first, inverse = distinct_prompts(rollout)
     return (first, inverse) if 2 * len(first) <= len(rollout) else None
+
+
+def _prompt_shared(
+    forward: torch.nn.Module, rollout: RolloutBatch, shared: tuple[Tensor, Tensor], field: str, **head_kwargs
+) -> Tensor | None:
+    """`forward` (a causal LM or its decoder) run on each distinct prompt once, then on every row's completion over
+    the rows' copy of the prompt cache: its output `field` `[b, C, *]` at sequence positions `P-1 .. P+C-2`, or None
+    when the model keeps no cache (the caller then runs the plain forward).
+
+    In train mode under gradient checkpointing the layers keep the cache for the two calls, and the caches are the
+    recompute-safe `PromptCache` and its `rows`; elsewhere the model's own cache, copied to the rows in place."""
+    first, inverse = shared
+    mask = rollout.attention_mask
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, P+C]
+    width = rollout.completion_mask.shape[1]  # C
+    prompt = rollout.input_ids.shape[1] - width  # P
+    checkpointed = forward.training and activation_checkpointing(forward)
+    recorded = PromptCache() if checkpointed else None
+    # Under checkpointing `use_cache` stays off (transformers would turn it off, with a warning): the cache is ours.
+    cache_kwargs = {"use_cache": False, **with_kv_cache(recorded)} if checkpointed else {"use_cache": True}
+    with cache_kept_under_checkpointing(forward) if checkpointed else nullcontext():
+        head = forward(
+            input_ids=rollout.input_ids[first, :prompt],
+            attention_mask=mask[first, :prompt],
+            position_ids=position_ids[first, :prompt],
+            **cache_kwargs,
+            **head_kwargs,
+        )  # [u, *, *]: position P-1 scores completion token 0
+        cache = recorded if checkpointed else kv_cache(head)
+        if cache is None or len(cache.layers) == 0:  # no cache kept: a model without one, or the layers dropped it
+            return None
+        last = getattr(head, field)[inverse, -1:]  # [b, 1, *]
+        if width == 1:
+            return last
+        if checkpointed:
+            cache = recorded.rows(inverse)  # [u, ...] -> [b, ...] per layer, read-only
+        else:
+            cache.reorder_cache(inverse)
+        tail = forward(
+            input_ids=rollout.input_ids[:, prompt : prompt + width - 1],
+            attention_mask=mask[:, : prompt + width - 1],
+            position_ids=position_ids[:, prompt : prompt + width - 1],
+            **{**cache_kwargs, **with_kv_cache(cache)},
+        )  # [b, C-1, *]: positions P .. P+C-2
+    return torch.cat([last, getattr(tail, field)], dim=1)
 
 
 def completion_logits(
@@ -75,37 +140,18 @@ def completion_logits(
     Positions number real tokens only (`cumsum(attention_mask) - 1`, as `generate` numbers left-padded prompts),
     so a left-padded row scores as it would alone.
     """
-    mask = rollout.attention_mask
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, P+C]
-    width = rollout.completion_mask.shape[1]  # C
-    prompt = rollout.input_ids.shape[1] - width  # P
     shared = shares_prefix(model, rollout, share_prefix, shared_dropout)
-    if shared is None:
-        return model(
-            input_ids=rollout.input_ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=width + 1
-        ).logits[:, :-1]
-    first, inverse = shared
-    head = model(
-        input_ids=rollout.input_ids[first, :prompt],
-        attention_mask=mask[first, :prompt],
-        position_ids=position_ids[first, :prompt],
-        use_cache=True,
-        logits_to_keep=1,
-    )  # logits [u, 1, V]: position P-1 scores completion token 0
-    cache = kv_cache(head)
-    if cache is None:  # a model that keeps no cache: run the plain forward after all
-        return completion_logits(model, rollout, share_prefix=False)
-    if width == 1:
-        return head.logits[inverse]
-    cache.reorder_cache(inverse)  # [u, ...] -> [b, ...] per layer
-    tail = model(
-        input_ids=rollout.input_ids[:, prompt : prompt + width - 1],
-        attention_mask=mask[:, : prompt + width - 1],
-        position_ids=position_ids[:, prompt : prompt + width - 1],
-        use_cache=True,
-        **with_kv_cache(cache),
-    ).logits  # [b, C-1, V]: positions P .. P+C-2
-    return torch.cat([head.logits[inverse], tail], dim=1)
+    logits = None if shared is None else _prompt_shared(model, rollout, shared, "logits", logits_to_keep=1)
+    if logits is not None:
+        return logits
+    mask = rollout.attention_mask
+    width = rollout.completion_mask.shape[1]  # C
+    return model(
+        input_ids=rollout.input_ids,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        logits_to_keep=width + 1,
+    ).logits[:, :-1]
 
 
 def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -134,51 +180,20 @@ def packed_layout(rollout: RolloutBatch) -> tuple[Tensor, Tensor, Tensor]:
     return ids, packed_mask, index.clamp(0, total - 1)
 
 
-def prefix_sharing_in_graph(model: torch.nn.Module, enabled: bool, shared_dropout: bool = False) -> bool:
-    """Whether a training forward (grad on, train mode) may share prompt prefixes: on, unsharded, no gradient
-    checkpointing, and no dropout unless `shared_dropout` (the conditions of `shares_prefix` not about the rows)."""
-    dropout_ok = shared_dropout or not has_dropout(model)
-    return enabled and not is_sharded(model) and not activation_checkpointing(model) and dropout_ok
-
-
 def completion_hidden(
     model: torch.nn.Module, rollout: RolloutBatch, share_prefix: bool = True, shared_dropout: bool = False
 ) -> Tensor:
     """Final hidden states `[b, C, H]` whose position c scores completion token c (sequence positions
     `P-1 .. P+C-2`): `completion_logits` before the head, the head left to the caller (`chunked_target_logprobs`)."""
     decoder, _ = _decoder_and_head(model)
-    mask = rollout.attention_mask
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, P+C]
-    width = rollout.completion_mask.shape[1]  # C
-    prompt = rollout.input_ids.shape[1] - width  # P
     shared = shares_prefix(model, rollout, share_prefix, shared_dropout)
-    if shared is None:
-        ids, packed_mask, index = packed_layout(rollout)  # [b, T], [b, T], [b, C]
-        out = decoder(input_ids=ids, attention_mask=packed_mask, position_ids=(packed_mask.cumsum(-1) - 1).clamp(min=0))
-        hidden = out.last_hidden_state  # [b, T, H]
-        return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
-    first, inverse = shared
-    head = decoder(
-        input_ids=rollout.input_ids[first, :prompt],
-        attention_mask=mask[first, :prompt],
-        position_ids=position_ids[first, :prompt],
-        use_cache=True,
-    )  # hidden [u, P, H]: position P-1 scores completion token 0
-    cache = kv_cache(head)
-    if cache is None:
-        return completion_hidden(model, rollout, share_prefix=False)
-    last = head.last_hidden_state[inverse, -1:]  # [b, 1, H]
-    if width == 1:
-        return last
-    cache.reorder_cache(inverse)  # [u, ...] -> [b, ...] per layer
-    tail = decoder(
-        input_ids=rollout.input_ids[:, prompt : prompt + width - 1],
-        attention_mask=mask[:, : prompt + width - 1],
-        position_ids=position_ids[:, prompt : prompt + width - 1],
-        use_cache=True,
-        **with_kv_cache(cache),
-    ).last_hidden_state  # [b, C-1, H]: positions P .. P+C-2
-    return torch.cat([last, tail], dim=1)
+    hidden = None if shared is None else _prompt_shared(decoder, rollout, shared, "last_hidden_state")
+    if hidden is not None:
+        return hidden
+    ids, packed_mask, index = packed_layout(rollout)  # [b, T], [b, T], [b, C]
+    out = decoder(input_ids=ids, attention_mask=packed_mask, position_ids=(packed_mask.cumsum(-1) - 1).clamp(min=0))
+    hidden = out.last_hidden_state  # [b, T, H]
+    return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
 
 
 def sequence_logprobs(module, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False):
