@@ -1,6 +1,7 @@
 """The math_hard GRPO update at the course's shapes, today's path (`old`) against the levers (`new`, the defaults).
 
     .venv/bin/python benchmarks/update_shapes.py [--rows 64] [--scale 1.0] [--threads 2] [--reps 1]
+        [--share-prompt-dropout]
 
 The update of configs/math_hard/grpo.yaml: 64 rows (8 prompts x G 8), 2 epochs, micro-batch 8 x accumulation 8
 (one step per pass), gradient checkpointing, LoRA r16 / alpha 32 / dropout 0.05 on the seven projections, KL 0.05,
@@ -12,16 +13,20 @@ Lengths (seeded): prompts uniform in 100-400 tokens, one per group of 8; complet
 at the cap 512 (truncated, no EOS) and the rest uniform in 8-511 ending in EOS, as Qwen2.5-Math produces on MATH
 level 5 under `max_new_tokens: 512`. `--scale s` multiplies every length by s; `--rows` shrinks the rollout (a
 multiple of 8). The old path is `logprob_chunk_size: 0, group_by_length: false` (the keys turn each lever off).
+`--share-prompt-dropout` adds a third side, `new_shared_dropout`: the defaults with `share_prompt_dropout: true`, so
+the training forwards share each prompt (one LoRA-dropout mask per prompt) through the checkpointed layers
+(`llm_pg.models.PromptCache`); `new` keeps a mask per row, so its training forwards run every row's prompt.
 
 Per phase (pi_old pass, reference pass, update): token positions the decoder processed against the real tokens of
 its rows, wall time, and peak memory. On the CPU memory is the process's resident set (each side in its own
 subprocess): the phase's high-water mark (`VmHWM`, reset through `/proc/self/clear_refs` before the phase) over the
 resident set it started with; torch's CPU allocator keeps no statistics, and tracemalloc does not see its buffers.
 On a GPU: `torch.cuda.max_memory_allocated` over the memory allocated at the phase's start.
-The last line is JSON: `{"old": {...}, "new": {...}}` with the update's `processed_over_real`, `update_s` (median
-over `--reps`), `peak_mb`, and `iteration_s` (the three phases' medians), `frozen_peak_mb`, `lora_b_abs_sum` (a
-fingerprint of the step, not an exactness check: the two sides draw other LoRA-dropout masks, as rows run in another
-order; exactness is tests/test_update_levers.py's, without dropout).
+The last line is JSON: `{"old": {...}, "new": {...}}` (and `"new_shared_dropout": {...}` with the flag) with the
+update's `processed_over_real`, `update_s` (median over `--reps`), `peak_mb`, and `iteration_s` (the three phases'
+medians), `frozen_peak_mb`, `lora_b_abs_sum` (a fingerprint of the step, not an exactness check: the sides draw other
+LoRA-dropout masks, as rows run in another order; exactness is tests/test_update_levers.py's and
+tests/test_prefix_checkpointing.py's, without dropout).
 """
 
 from __future__ import annotations
@@ -39,7 +44,11 @@ import torch
 
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 VOCAB, EOS, PAD = 151_936, 151_645, 151_643  # Qwen2.5: <|im_end|>, <|endoftext|>
-SIDES = {"old": {"logprob_chunk_size": 0, "group_by_length": False}, "new": {}}
+SIDES = {
+    "old": {"logprob_chunk_size": 0, "group_by_length": False},
+    "new": {},
+    "new_shared_dropout": {"share_prompt_dropout": True},  # with --share-prompt-dropout
+}
 
 
 def rss_mb() -> float:
@@ -197,6 +206,9 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every prompt and completion length")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--reps", type=int, default=1, help="interleaved old/new runs; wall times are medians")
+    parser.add_argument(
+        "--share-prompt-dropout", action="store_true", help="add the side new_shared_dropout (share_prompt_dropout)"
+    )
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)  # one side, in a subprocess
     args = parser.parse_args()
     if args.rows % 8:
@@ -204,9 +216,10 @@ def main() -> None:
     if args.side:
         print(json.dumps(run_side(args.side, args)))
         return
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    sides = [side for side in SIDES if args.share_prompt_dropout or side != "new_shared_dropout"]
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
     for _ in range(args.reps):
-        for side in SIDES:  # interleaved, each side in a fresh process: its own peak resident set
+        for side in sides:  # interleaved, each side in a fresh process: its own peak resident set
             command = [sys.executable, __file__, "--side", side, *sys.argv[1:]]
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             runs[side].append(json.loads(out.strip().splitlines()[-1]))
@@ -214,12 +227,13 @@ def main() -> None:
     for side, side_runs in runs.items():
         for name, phase in side_runs[0]["phases"].items():
             seconds = sorted(run["phases"][name]["seconds"] for run in side_runs)
-            print(f"{side:3} {name:8} positions {phase['positions']:>8} real {phase['real_tokens']:>8} "
+            print(f"{side:18} {name:8} positions {phase['positions']:>8} real {phase['real_tokens']:>8} "
                   f"({phase['processed_over_real']:.3f}x)  {median(seconds):8.2f} s (median of "
                   f"{len(seconds)}: {seconds})  peak +{phase['peak_mb']:.0f} MB")  # fmt: skip
         result[side] = summary(side_runs)
     result["device"] = runs["new"][0]["device"]
     result["args"] = {"rows": args.rows, "scale": args.scale, "threads": args.threads, "reps": args.reps}
+    result["args"]["share_prompt_dropout"] = args.share_prompt_dropout
     print(json.dumps(result))
 
 
