@@ -97,7 +97,7 @@ def test_length_sorted_forwards_take_rows_of_similar_length():
 @pytest.mark.slow
 @pytest.mark.parametrize("lora", ["0", "4"])
 def test_a_run_with_the_levers_trains_like_one_without(tmp_path, qwen_model_dir, lora):
-    # The Qwen2 fixture under gradient checkpointing (prefix sharing off in the training forward), KL 0.05, 2
+    # The Qwen2 fixture under gradient checkpointing (sharing prompts in the training forward), KL 0.05, 2
     # prompts x 4 rows, micro-batches of 2 x accumulation 4 (one step per pass), three iterations: the chunked head,
     # packed forwards and length-sorted passes give the plain path's weights and logged statistics.
     from conftest import fit
@@ -156,7 +156,7 @@ def test_chunked_head_under_bf16_autocast_matches_the_autocast_head():
 def test_share_prompt_dropout_lets_a_training_forward_with_dropout_share_prompts(qwen_model_dir):
     # LoRA dropout 0.3 in train mode: by default each row draws its own mask, so the training forward runs every
     # row's prompt; with share_prompt_dropout the prompt runs once per group (one mask per prompt), and under
-    # gradient checkpointing it still does not share. The no-grad eval-mode passes share either way.
+    # reentrant gradient checkpointing it does not share. The no-grad eval-mode passes share either way.
     from llm_pg.modules.logprobs import prefix_sharing_in_graph, shares_prefix
 
     base = AutoModelForCausalLM.from_pretrained(qwen_model_dir, dtype=torch.float32)
@@ -172,5 +172,7 @@ def test_share_prompt_dropout_lets_a_training_forward_with_dropout_share_prompts
     decoder.register_forward_pre_hook(lambda _, args, kw: seen.append(kw["input_ids"].numel()), with_kwargs=True)
     completion_hidden(model, rollout, share_prefix=True, shared_dropout=True)
     assert seen == [3 * rollout.prompt_len, len(rollout) * (rollout.completion_mask.shape[1] - 1)]
-    model.get_base_model().gradient_checkpointing_enable()
+    # Reentrant checkpointing runs each layer without a graph: keys leaving it through the cache would get no
+    # gradient, so it does not share (non-reentrant checkpointing does: tests/test_prefix_checkpointing.py).
+    model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     assert shares_prefix(model, rollout, enabled=True, shared_dropout=True) is None

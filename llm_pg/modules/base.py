@@ -93,9 +93,9 @@ class PolicyGradientModule(L.LightningModule, ABC):
         share_prompt_dropout: let prefix sharing run in a training forward with dropout (LoRA's 0.05): the rows of a
             prompt then share one dropout mask on its tokens. That changes only the gradient's variance (each row's
             mask is still a fresh draw, marginally), not its expectation; off by default (the course draws a mask per
-            row). Gradient checkpointing still turns sharing off in the training forward.
+            row). Non-reentrant gradient checkpointing (the `gradient_checkpointing: true` kind) shares too.
         group_by_length: when a pass is one optimizer step and prefix sharing does not apply to its forwards
-            (gradient checkpointing or dropout), run rows of similar length together (`update.length_sorted`): the
+            (dropout without share_prompt_dropout), run rows of similar length together (`update.length_sorted`): the
             same step to float rounding, less padding. false: rollout order.
         log_generations_every: iterations between sampled-completion tables (0: never).
         log_generations_rows: rows per sampled-completion table, in whole prompt groups (at least one group).

@@ -5,7 +5,8 @@ Per pass the rows are shuffled (seeded generator), cut into micro-batches of `mi
 `grad_accum_steps` micro-batches make one optimizer step. When a pass is one step over equal micro-batches, the
 forwards take whole prompt groups instead (each prompt run once) and the loss weighs every row as its micro-batch
 of the shuffled split would (`grouped_passes`): the same step. Where prefix sharing cannot apply to those forwards
-(gradient checkpointing, dropout), they take rows of similar length instead (`group_by_length`, `length_sorted`).
+(reentrant gradient checkpointing, dropout without `share_prompt_dropout`), they take rows of similar length
+instead (`group_by_length`, `length_sorted`).
 Each micro-batch is trimmed to its longest completion first (`RolloutBatch.trimmed`): the columns cut are padding,
 masked everywhere, so the loss is unchanged.
 
@@ -83,8 +84,9 @@ def grouped_passes(module, rows: int, steps: int) -> bool:
 
 def length_sorted(module, rollout: RolloutBatch) -> bool:
     """Whether a grouped pass's forwards take rows by length (`group_by_length`) rather than whole prompt groups:
-    when prefix sharing cannot apply to a forward that builds a graph (gradient checkpointing, dropout), grouping
-    by prompt saves nothing, and rows of similar length waste the least padding (`logprobs.packed_layout`)."""
+    when prefix sharing cannot apply to a forward that builds a graph (reentrant gradient checkpointing, dropout
+    without `share_prompt_dropout`), grouping by prompt saves nothing, and rows of similar length waste the least
+    padding (`logprobs.packed_layout`)."""
     hp = module.hparams
     return hp.group_by_length and not prefix_sharing_in_graph(
         module.policy, hp.share_prompt_prefix, hp.share_prompt_dropout
