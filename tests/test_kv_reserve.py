@@ -66,7 +66,9 @@ def test_sampling_with_the_reserved_cache_draws_the_tokens_of_the_concatenating_
     settings = {"num_samples": 4, "max_new_tokens": 16, "min_new_tokens": 16, "greedy": greedy, "seed": 5}
     updates = []
     original_update = ReservedLayer.update
-    monkeypatch.setattr(ReservedLayer, "update", lambda self, *a: updates.append(1) or original_update(self, *a))
+    monkeypatch.setattr(
+        ReservedLayer, "update", lambda self, *a, **k: updates.append(1) or original_update(self, *a, **k)
+    )
     reserved = generate(model, tokenizer, conversations, share_prompt=share_prompt, **settings)
     layers = model.config.num_hidden_layers
     assert len(updates) >= layers * 16  # every layer's cache was a reserved one, at every decoded token
