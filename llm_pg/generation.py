@@ -180,7 +180,7 @@ class ReservedLayer(DynamicLayer):
         held, new = self.get_seq_length(), key_states.shape[-2]
         buffers = self._buffers
         current = buffers is not None and self.keys is self._views[0] and self.values is self._views[1]
-        if not current or held + new > buffers[0].shape[-2] or buffers[0].shape[:2] != key_states.shape[:2]:
+        if not current or held + new > buffers[0].shape[-2]:
             buffers = self._reallocate(held, new, key_states, value_states)
         for buffer, states in zip(buffers, (key_states, value_states), strict=True):
             buffer[..., held : held + new, :].copy_(states)
