@@ -159,37 +159,76 @@ def prompt_cache(model: PreTrainedModel, encoded: dict[str, Tensor], num_samples
 
 
 class ReservedLayer(DynamicLayer):
-    """A `DynamicLayer` whose keys and values are views into buffers with room for `reserve` more positions.
+    """A `DynamicLayer` whose keys and values live in buffers with room for `reserve` more positions.
 
     `DynamicLayer.update` concatenates, so decoding T tokens copies the whole cache T times (O(T^2) memory traffic:
     at 64 rows x 128 tokens on the tiny model that copy was ~60 % of a decode step on the CPU). Here an update
-    writes the new positions into the buffers in place and exposes their first positions: the same keys and values,
-    the same shapes, so attention computes what it computed before. When the buffers are full, or something
-    replaced `keys`/`values` (a crop, a batch reorder), the current contents are copied into new buffers once.
+    writes the new positions into the buffers in place, and `keys`/`values` are the buffers' first `held`
+    positions: the same keys and values, the same shapes, so attention computes what it computed before. When the
+    buffers are full, or something assigns `keys`/`values` (a crop, a batch reorder), the layer leaves its buffers
+    (`_release`) and the next update copies the current contents into new ones.
+
+    The buffers and the count `held` are the whole state while they are in use: a compiled decode step
+    (`compiled_forward`) sees two tensors it writes into and an integer, never a view beside the tensor it views.
     """
 
     def __init__(self, reserve: int) -> None:
+        self._buffers: tuple[Tensor, Tensor] | None = None  # [B, H, capacity, D] keys and values
+        self._held = 0  # positions of the buffers in use
+        self._keys: Tensor | None = None  # keys and values while no buffers are in use
+        self._values: Tensor | None = None
         super().__init__()
         self.reserve = reserve
-        self._buffers: tuple[Tensor, Tensor] | None = None
-        self._views: tuple[Tensor | None, Tensor | None] = (None, None)
+
+    @property
+    def keys(self) -> Tensor | None:
+        return self._keys if self._buffers is None else self._buffers[0][..., : self._held, :]
+
+    @keys.setter
+    def keys(self, value: Tensor | None) -> None:
+        self._release()
+        self._keys = value
+
+    @property
+    def values(self) -> Tensor | None:
+        return self._values if self._buffers is None else self._buffers[1][..., : self._held, :]
+
+    @values.setter
+    def values(self, value: Tensor | None) -> None:
+        self._release()
+        self._values = value
+
+    def _release(self) -> None:
+        """Stop using the buffers; keys and values become the views of their used positions (for `DynamicLayer`'s
+        methods, which replace one and then the other)."""
+        if self._buffers is not None:
+            self._keys, self._values = (buffer[..., : self._held, :] for buffer in self._buffers)
+            self._buffers = None
+
+    def get_seq_length(self) -> int:
+        return self._held if self._buffers is not None else super().get_seq_length()
+
+    def has_room(self, new: int) -> bool:
+        """Whether an update of `new` positions writes into the buffers in use, leaving a position free after them
+        (so a view of the used positions is never the whole buffer: one graph serves every step of a decode)."""
+        return self._buffers is not None and self._held + new < self._buffers[0].shape[-2]
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        held, new = self.get_seq_length(), key_states.shape[-2]
-        buffers = self._buffers
-        current = buffers is not None and self.keys is self._views[0] and self.values is self._views[1]
-        if not current or held + new > buffers[0].shape[-2]:
+        new = key_states.shape[-2]
+        if not self.has_room(new):
+            held = self.get_seq_length()
             buffers = self._reallocate(held, new, key_states, value_states)
-        for buffer, states in zip(buffers, (key_states, value_states), strict=True):
+            self._buffers, self._held, self._keys, self._values = buffers, held, None, None
+        held = self._held
+        for buffer, states in zip(self._buffers, (key_states, value_states), strict=True):
             buffer[..., held : held + new, :].copy_(states)
-        self.keys, self.values = (buffer[..., : held + new, :] for buffer in buffers)
-        self._views = (self.keys, self.values)
+        self._held = held + new
         return self.keys, self.values
 
     def _reallocate(self, held: int, new: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
-        capacity = held + new + max(self.reserve, held)
+        capacity = held + new + max(self.reserve, held) + 1  # + 1: `has_room` keeps one position free
         fresh = []
         for old, states in ((self.keys, key_states), (self.values, value_states)):
             shape = (*states.shape[:-2], capacity, states.shape[-1])
@@ -197,8 +236,7 @@ class ReservedLayer(DynamicLayer):
             if held:
                 buffer[..., :held, :].copy_(old)
             fresh.append(buffer)
-        self._buffers = (fresh[0], fresh[1])
-        return self._buffers
+        return fresh[0], fresh[1]
 
 
 def reserved_cache(model: PreTrainedModel, cache: DynamicCache | None, max_new_tokens: int) -> DynamicCache | None:
