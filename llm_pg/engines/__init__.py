@@ -51,7 +51,11 @@ def build_engine(module) -> HFEngine | VLLMEngine:
     hp = module.hparams
     if hp.rollout_engine == "hf":
         return HFEngine(
-            module.policy, module.tokenizer, autocast=module.autocast, share_prompt_prefix=hp.share_prompt_prefix
+            module.policy,
+            module.tokenizer,
+            autocast=module.autocast,
+            share_prompt_prefix=hp.share_prompt_prefix,
+            compiled=hp.compile_generation,
         )
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     if world > 1:

@@ -16,7 +16,8 @@ class HFEngine:
 
     `load_weights` only records which module to sample with; weights updated in place by the optimizer are
     seen at once. `autocast` (the module's `autocast`) gives the compute dtype over float32 master weights.
-    `share_prompt_prefix` prefills each prompt once for all its samples (`llm_pg.generation.prompt_cache`).
+    `share_prompt_prefix` prefills each prompt once for all its samples (`llm_pg.generation.prompt_cache`);
+    `compiled` runs the decode steps through `torch.compile` (`llm_pg.generation.compiled_forward`).
     """
 
     def __init__(
@@ -25,11 +26,13 @@ class HFEngine:
         tokenizer: PreTrainedTokenizerBase,
         autocast: Callable[[], AbstractContextManager] = nullcontext,
         share_prompt_prefix: bool = True,
+        compiled: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.autocast = autocast
         self.share_prompt_prefix = share_prompt_prefix
+        self.compiled = compiled
 
     def load_weights(self, model: PreTrainedModel) -> None:
         self.model = model
@@ -67,4 +70,5 @@ class HFEngine:
                 max_prompt_tokens=max_prompt_tokens,
                 chat_template=chat_template,
                 share_prompt=self.share_prompt_prefix,
+                compiled=self.compiled,
             )

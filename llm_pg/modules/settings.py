@@ -152,8 +152,14 @@ def check_engine_settings(hp: dict[str, Any]) -> None:
     for key in ("vllm_kv_cache_memory_bytes", "vllm_max_num_batched_tokens"):
         if hp[key] is not None:
             _at_least(key, hp[key], 1, "null keeps vLLM's default")
+    _flag("compile_generation", hp["compile_generation"])
     if hp["rollout_engine"] != "vllm":
         return
+    if hp["compile_generation"]:
+        raise ValueError(
+            "model.compile_generation=true compiles HF generate's decode steps, but rollout_engine is vllm, which "
+            "samples with graphs of its own: set compile_generation: false, or rollout_engine: hf"
+        )
     if importlib.util.find_spec("vllm") is None:
         raise ValueError(
             'model.rollout_engine=vllm but vLLM is not installed; pip install -e ".[vllm]" on a GPU machine, '
