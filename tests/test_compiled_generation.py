@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 import llm_pg.generation as generation
 from llm_pg.generation import compiled_forward, generate, prompt_cache, reserved_cache
-from llm_pg.models import load_tokenizer
+from llm_pg.models import load_tokenizer, with_kv_cache
 from llm_pg.modules import GRPOModule
 
 PROMPTS = ["Say 1", "Say digits, as many as you can: 0123456789", "Digits?"]  # three lengths: left padding
@@ -51,7 +51,7 @@ def _greedy_logits(model, tokenizer, compiled: bool, num_samples: int, new_token
         out = model.generate(
             input_ids=ids,
             attention_mask=mask,
-            past_key_values=cache,
+            **with_kv_cache(cache),
             do_sample=False,
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
