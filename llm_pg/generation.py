@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import inspect
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import DynamicLayer
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from llm_pg.models import CACHE_NAME, kv_cache, with_kv_cache
+from llm_pg.decoding import compiled_forward, reserved_cache
+from llm_pg.models import kv_cache, with_kv_cache
 
 Conversation = Sequence[dict[str, str]]
 
@@ -100,7 +98,9 @@ def generate(
     are those of the sampling distribution (up to top-p truncation). With `seed`, sampling draws from a
     forked RNG seeded with it: the same seed gives the same completions and global RNG state is untouched.
     With `share_prompt` and several samples, each prompt is prefilled once (`prompt_cache`) instead of once per
-    sample; the tokens are those of the unshared prefill (the logits agree to float rounding).
+    sample; the tokens are those of the unshared prefill (the logits agree to float rounding). The cache is a
+    reserved one (`llm_pg.decoding.reserved_cache`: decoded positions written in place); with `compiled`, the decode
+    steps run through `torch.compile` (`llm_pg.decoding.compiled_forward`).
     """
     device = next(model.parameters()).device
     encoded = encode_prompts(tokenizer, conversations, max_prompt_tokens, chat_template)
@@ -140,80 +140,6 @@ def generate(
     return Generation(prompt_ids, prompt_mask, completion_ids, texts)
 
 
-_COMPILED: dict[type, Callable] = {}  # one compiled forward per model class; its graphs serve every instance
-_FAILED: set[type] = set()  # classes whose compile failed: they decode eagerly from then on
-
-
-def compiled_forward(model: torch.nn.Module, enabled: bool = True):
-    """A context in which `generate`'s decode steps on `model` (under a peft wrapper, on the wrapped causal LM, whose
-    forward `generate`'s loop calls) run through `torch.compile(dynamic=True)`; outside it the model is untouched,
-    so training forwards stay eager.
-
-    The first forward of each `generate` call (the prefill) runs eagerly, and so does any call that builds a graph
-    or whose cache is not all `ReservedLayer`s with room for its tokens (`ReservedLayer.has_room`): a compiled step
-    only writes into buffers allocated outside it. The decode steps of every call then share one graph across batch
-    sizes, prompt widths and cache lengths (dynamic shapes, without duck sizing, which would tie a batch size to an
-    equal model dimension). The first step compiles (10-30 s on the CPU for the tiny model); weights updated in place
-    are read at every call, so nothing recompiles when the optimizer steps. Fused kernels round differently from
-    eager ones: the logits agree to float rounding, not bit for bit (tests/test_compiled_generation.py). Should the
-    compile fail, a warning names the error and the class decodes eagerly for the rest of the process."""
-    if not enabled:
-        return nullcontext()
-    return _compiled_forward(model)
-
-
-@contextmanager
-def _compiled_forward(model: torch.nn.Module) -> Iterator[None]:
-    from peft import PeftModel  # imported where LoRA is used, as llm_pg.models does
-
-    target = model.get_base_model() if isinstance(model, PeftModel) else model
-    cls = type(target)
-    if cls not in _COMPILED:
-        _COMPILED[cls] = torch.compile(cls.forward, dynamic=True)
-    target.forward = _DecodeSteps(target)  # an instance attribute: `nn.Module.__call__` finds it before the class's
-    try:
-        yield
-    finally:
-        del target.forward  # the class's eager forward again
-
-
-class _DecodeSteps:
-    """The forward `generate` calls inside `compiled_forward`: the prefill eagerly, decode steps compiled."""
-
-    def __init__(self, target: torch.nn.Module) -> None:
-        self.target, self.calls = target, 0
-        # `generate` reads the forward's parameters to decide what to pass (position_ids among them): keep them.
-        self.__signature__ = inspect.signature(type(target).forward.__get__(target))
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        cls = type(self.target)
-        if self.calls > 1 and cls not in _FAILED and _writes_in_place(kwargs):
-            try:
-                # No duck sizing: it would tie a batch size to an equal model dimension (and recompile at the next).
-                with torch.fx.experimental._config.patch(use_duck_shape=False):
-                    return _COMPILED[cls](self.target, *args, **kwargs)
-            except Exception as error:  # a compiler failure: the eager call below is the same step
-                _FAILED.add(cls)
-                lines = [line for line in str(error).splitlines() if line.strip() and "TORCHDYNAMO" not in line]
-                message = lines[-1].strip() if lines else type(error).__name__
-                warnings.warn(
-                    f"compile_generation: torch.compile failed on {cls.__name__} ({message}); decoding eagerly from "
-                    "here on (set compile_generation: false to skip the attempt)",
-                    stacklevel=2,
-                )
-        return cls.forward(self.target, *args, **kwargs)
-
-
-def _writes_in_place(kwargs: dict) -> bool:
-    """Whether a forward builds no graph and every layer of its cache has room for its tokens."""
-    cache, ids = kwargs.get(CACHE_NAME), kwargs.get("input_ids")
-    layers = getattr(cache, "layers", None)
-    if ids is None or torch.is_grad_enabled() or not layers:
-        return False
-    return all(isinstance(layer, ReservedLayer) and layer.has_room(ids.shape[1]) for layer in layers)
-
-
 def prompt_cache(model: PreTrainedModel, encoded: dict[str, Tensor], num_samples: int):
     """The KV cache of every prompt but its last token, computed once per prompt and repeated `num_samples` times
     (rows group-contiguous, as `generate` lays them out); None when there is nothing to share, the model keeps no
@@ -232,109 +158,4 @@ def prompt_cache(model: PreTrainedModel, encoded: dict[str, Tensor], num_samples
     cache = kv_cache(output)
     if cache is not None:
         cache.batch_repeat_interleave(num_samples)
-    return cache
-
-
-class ReservedLayer(DynamicLayer):
-    """A `DynamicLayer` whose keys and values live in buffers with room for `reserve` more positions.
-
-    `DynamicLayer.update` concatenates, so decoding T tokens copies the whole cache T times (O(T^2) memory traffic:
-    at 64 rows x 128 tokens on the tiny model that copy was ~60 % of a decode step on the CPU). Here an update
-    writes the new positions into the buffers in place, and `keys`/`values` are the buffers' first `held`
-    positions: the same keys and values, the same shapes, so attention computes what it computed before. When the
-    buffers are full, or something assigns `keys`/`values` (a crop, a batch reorder), the layer leaves its buffers
-    (`_release`) and the next update copies the current contents into new ones.
-
-    The buffers and the count `held` are the whole state while they are in use: a compiled decode step
-    (`compiled_forward`) sees two tensors it writes into and an integer, never a view beside the tensor it views.
-    """
-
-    def __init__(self, reserve: int) -> None:
-        self._buffers: tuple[Tensor, Tensor] | None = None  # [B, H, capacity, D] keys and values
-        self._held = 0  # positions of the buffers in use
-        self._keys: Tensor | None = None  # keys and values while no buffers are in use
-        self._values: Tensor | None = None
-        super().__init__()
-        self.reserve = reserve
-
-    @property
-    def keys(self) -> Tensor | None:
-        return self._keys if self._buffers is None else self._buffers[0][..., : self._held, :]
-
-    @keys.setter
-    def keys(self, value: Tensor | None) -> None:
-        self._release()
-        self._keys = value
-
-    @property
-    def values(self) -> Tensor | None:
-        return self._values if self._buffers is None else self._buffers[1][..., : self._held, :]
-
-    @values.setter
-    def values(self, value: Tensor | None) -> None:
-        self._release()
-        self._values = value
-
-    def _release(self) -> None:
-        """Stop using the buffers; keys and values become the views of their used positions (for `DynamicLayer`'s
-        methods, which replace one and then the other)."""
-        if self._buffers is not None:
-            self._keys, self._values = (buffer[..., : self._held, :] for buffer in self._buffers)
-            self._buffers = None
-
-    def get_seq_length(self) -> int:
-        return self._held if self._buffers is not None else super().get_seq_length()
-
-    def has_room(self, new: int) -> bool:
-        """Whether an update of `new` positions writes into the buffers in use, leaving a position free after them
-        (so a view of the used positions is never the whole buffer: one graph serves every step of a decode)."""
-        return self._buffers is not None and self._held + new < self._buffers[0].shape[-2]
-
-    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        new = key_states.shape[-2]
-        if not self.has_room(new):
-            held = self.get_seq_length()
-            buffers = self._reallocate(held, new, key_states, value_states)
-            self._buffers, self._held, self._keys, self._values = buffers, held, None, None
-        held = self._held
-        for buffer, states in zip(self._buffers, (key_states, value_states), strict=True):
-            buffer[..., held : held + new, :].copy_(states)
-        self._held = held + new
-        return self.keys, self.values
-
-    def _reallocate(self, held: int, new: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
-        capacity = held + new + max(self.reserve, held) + 1  # + 1: `has_room` keeps one position free
-        fresh = []
-        for old, states in ((self.keys, key_states), (self.values, value_states)):
-            shape = (*states.shape[:-2], capacity, states.shape[-1])
-            buffer = states.new_empty(shape)
-            if held:
-                buffer[..., :held, :].copy_(old)
-            fresh.append(buffer)
-        return fresh[0], fresh[1]
-
-
-def reserved_cache(model: PreTrainedModel, cache: DynamicCache | None, max_new_tokens: int) -> DynamicCache | None:
-    """`cache` (a new empty one when None) with each plain `DynamicLayer` replaced by a `ReservedLayer` holding the
-    same keys and values and room for `max_new_tokens` more positions; sliding-window and other layer kinds are kept.
-    None where `generate` must build its own cache (the generation config names a cache implementation) or the
-    model's config gives no cache layout."""
-    if cache is None:
-        if getattr(model.generation_config, "cache_implementation", None) is not None:
-            return None
-        try:
-            cache = DynamicCache(config=model.config)
-        except (AttributeError, KeyError, TypeError, ValueError):
-            return None
-    layers = getattr(cache, "layers", None)
-    if not isinstance(layers, list):
-        return cache
-    for index, layer in enumerate(layers):
-        if type(layer) is DynamicLayer:
-            reserved = ReservedLayer(max_new_tokens)
-            if layer.is_initialized and layer.get_seq_length() > 0:
-                reserved.update(layer.keys, layer.values)
-            layers[index] = reserved
     return cache

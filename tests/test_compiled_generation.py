@@ -1,4 +1,4 @@
-"""Compiled decoding (`compile_generation`, `llm_pg.generation.compiled_forward`): HF generate's decode steps run
+"""Compiled decoding (`compile_generation`, `llm_pg.decoding.compiled_forward`): HF generate's decode steps run
 through `torch.compile` over the reserved cache, with eager's logits to float rounding, without recompiling across
 batch sizes and lengths, and the model's own forward untouched outside sampling."""
 
@@ -7,8 +7,9 @@ import torch
 import torch._dynamo
 from transformers import AutoModelForCausalLM
 
-import llm_pg.generation as generation
-from llm_pg.generation import compiled_forward, generate, prompt_cache, reserved_cache
+import llm_pg.decoding as decoding
+from llm_pg.decoding import compiled_forward, reserved_cache
+from llm_pg.generation import encode_prompts, generate, prompt_cache
 from llm_pg.models import load_tokenizer, with_kv_cache
 from llm_pg.modules import GRPOModule
 
@@ -19,18 +20,18 @@ PROMPTS = ["Say 1", "Say digits, as many as you can: 0123456789", "Digits?"]  # 
 def fresh_dynamo():
     """Each test compiles for itself: dynamo's graphs and recompile counts of other tests do not carry over."""
     torch._dynamo.reset()
-    generation._COMPILED.clear()
+    decoding._COMPILED.clear()
     yield
-    assert not generation._FAILED  # every compile in the test succeeded: no step fell back to eager
+    assert not decoding._FAILED  # every compile in the test succeeded: no step fell back to eager
     torch._dynamo.reset()
-    generation._COMPILED.clear()
+    decoding._COMPILED.clear()
 
 
 def _counting_compile(monkeypatch, cls) -> list[int]:
     """The compiled forward of `cls`, counting its calls."""
     calls = []
     real = torch.compile(cls.forward, dynamic=True)
-    monkeypatch.setitem(generation._COMPILED, cls, lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setitem(decoding._COMPILED, cls, lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
 
 
@@ -42,7 +43,7 @@ def _conversations(prompts: list[str]) -> list[list[dict[str, str]]]:
 def _greedy_logits(model, tokenizer, compiled: bool, num_samples: int, new_tokens: int):
     """Greedy `model.generate` over the reserved cache (the shared prompt prefill when `num_samples` > 1), returning
     the tokens `[N, new_tokens]` and every step's logits `[new_tokens, N, V]`."""
-    encoded = generation.encode_prompts(tokenizer, _conversations(PROMPTS))
+    encoded = encode_prompts(tokenizer, _conversations(PROMPTS))
     ids = encoded["input_ids"].repeat_interleave(num_samples, 0)
     mask = encoded["attention_mask"].repeat_interleave(num_samples, 0)
     cache = reserved_cache(model, prompt_cache(model, encoded, num_samples), new_tokens)
@@ -149,7 +150,7 @@ def test_a_failed_compile_warns_once_and_decodes_eagerly(random_model_dir, monke
         attempts.append(1)
         raise RuntimeError("backend='inductor' raised:\nRuntimeError: no compiler here\n\nSet TORCHDYNAMO_VERBOSE=1")
 
-    monkeypatch.setitem(generation._COMPILED, type(model), broken)
+    monkeypatch.setitem(decoding._COMPILED, type(model), broken)
     settings = {"num_samples": 4, "max_new_tokens": 12, "seed": 3}
     failed = r"torch.compile failed on LlamaForCausalLM \(RuntimeError: no compiler here\)"
     with pytest.warns(UserWarning, match=failed):
@@ -158,7 +159,7 @@ def test_a_failed_compile_warns_once_and_decodes_eagerly(random_model_dir, monke
     assert attempts == [1]  # one attempt, then the class decodes eagerly without trying again
     eager = generate(model, tokenizer, _conversations(PROMPTS), **settings).completion_ids
     assert torch.equal(fallen_back, eager) and torch.equal(again, eager)  # the failed step was rerun, not lost
-    generation._FAILED.clear()
+    decoding._FAILED.clear()
 
 
 def test_compile_generation_is_a_flag_for_the_hf_engine():

@@ -17,7 +17,7 @@ class HFEngine:
     `load_weights` only records which module to sample with; weights updated in place by the optimizer are
     seen at once. `autocast` (the module's `autocast`) gives the compute dtype over float32 master weights.
     `share_prompt_prefix` prefills each prompt once for all its samples (`llm_pg.generation.prompt_cache`);
-    `compiled` runs the decode steps through `torch.compile` (`llm_pg.generation.compiled_forward`).
+    `compiled` runs the decode steps through `torch.compile` (`llm_pg.decoding.compiled_forward`).
     """
 
     def __init__(

@@ -109,7 +109,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         rollout_engine: `hf` (HF generate with the policy itself) | `vllm` (vLLM colocated in this process, fed the
             policy's weights after every update; `llm-pg[vllm]`). Every rollout and evaluation samples through it.
         compile_generation: with `rollout_engine: hf`, run `generate`'s decode steps through `torch.compile`
-            (dynamic shapes; `llm_pg.generation.compiled_forward`); training forwards stay eager. The first rollout
+            (dynamic shapes; `llm_pg.decoding.compiled_forward`); training forwards stay eager. The first rollout
             or evaluation pays the compile (15-30 s for the tiny model on the CPU); decoding is then ~20 % faster on
             the CPU (docs/algorithms.md, "Speed"). The logits are eager's to float rounding, so a sampled token can
             in principle differ from an eager run's. Off by default.
