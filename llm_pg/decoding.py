@@ -32,7 +32,8 @@ def compiled_forward(model: torch.nn.Module, enabled: bool = True):
     equal model dimension). The first step compiles (10-30 s on the CPU for the tiny model); weights updated in place
     are read at every call, so nothing recompiles when the optimizer steps. Fused kernels round differently from
     eager ones: the logits agree to float rounding, not bit for bit (tests/test_compiled_generation.py). Should the
-    compile fail, a warning names the error and the class decodes eagerly for the rest of the process."""
+    compile fail, a warning names the error and the class decodes eagerly for the rest of the process. A model whose
+    forward is already replaced on the instance (a hook library's wrapper) is left as it is, eager."""
     if not enabled:
         return nullcontext()
     return _compiled_forward(model)
@@ -43,6 +44,9 @@ def _compiled_forward(model: torch.nn.Module) -> Iterator[None]:
     from peft import PeftModel  # imported where LoRA is used, as llm_pg.models does
 
     target = model.get_base_model() if isinstance(model, PeftModel) else model
+    if "forward" in vars(target):  # someone else's wrapper: replacing it, then deleting ours, would lose it
+        yield
+        return
     cls = type(target)
     if cls not in _COMPILED:
         _COMPILED[cls] = torch.compile(cls.forward, dynamic=True)

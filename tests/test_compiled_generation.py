@@ -2,6 +2,8 @@
 through `torch.compile` over the reserved cache, with eager's logits to float rounding, without recompiling across
 batch sizes and lengths, and the model's own forward untouched outside sampling."""
 
+import csv
+
 import pytest
 import torch
 import torch._dynamo
@@ -86,18 +88,22 @@ def test_compiled_calls_are_the_decode_steps_and_nothing_recompiles(random_model
     model, tokenizer = AutoModelForCausalLM.from_pretrained(random_model_dir), load_tokenizer(random_model_dir)
     calls = _counting_compile(monkeypatch, type(model))
     settings = {"max_new_tokens": 10, "min_new_tokens": 10, "seed": 0, "compiled": True}
-    generate(model, tokenizer, _conversations(PROMPTS), num_samples=4, **settings)
-    assert len(calls) == 9  # 10 forwards: the prefill of the last prompt token (eager), then 9 fed-back tokens
+    # The first compile sees a batch equal to the model's head size (16 prompts, greedy, as an evaluation samples):
+    # with duck sizing the graph would tie the batch to that dimension and recompile at the next batch size.
+    varied = [f"Say{' 7' * i}" for i in range(16)]  # 16 lengths: generate passes an attention mask
+    generate(model, tokenizer, _conversations(varied), num_samples=1, greedy=True, **settings)
+    assert len(calls) == 9  # 10 forwards: the whole-prompt prefill allocates the buffers (eager), then 9 tokens
     calls.clear()
-    generate(model, tokenizer, _conversations(PROMPTS), num_samples=1, greedy=True, **settings)
-    assert len(calls) == 9  # the whole-prompt prefill allocates the buffers, eagerly
-    # Batch sizes equal to the model's head size (16) and hidden size (32), other prompt widths, longer completions:
-    # one graph serves them all (duck sizing would tie the batch to those sizes and recompile). (Prompts of one
-    # length need no attention mask, so generate calls without it: that is a second graph.)
+    # Other batch sizes (12, 16 again, the hidden size 32), prompt widths and longer completions: the same graph. A
+    # recompile raises inside the compiled call, which would mark the class failed. (Prompts of one length need no
+    # attention mask, so generate calls without it: that would be a second graph.)
     with torch._dynamo.config.patch(error_on_recompile=True):
+        generate(model, tokenizer, _conversations(PROMPTS), num_samples=4, **settings)
+        assert len(calls) == 9  # the prefill of the last prompt token over the shared prefill is eager too
         for prompts, samples, tokens in [(PROMPTS[:2], 8, 6), (PROMPTS[1:], 16, 20), (["Hi", "Hello"] * 3, 1, 4)]:
             settings.update(max_new_tokens=tokens, min_new_tokens=tokens)
             generate(model, tokenizer, _conversations(prompts), num_samples=samples, **settings)
+    assert not decoding._FAILED and len(calls) == 9 + 5 + 19 + 3  # every decode step of the four calls compiled
 
 
 def test_compiled_sampling_follows_weights_updated_in_place(random_model_dir, monkeypatch):
@@ -132,6 +138,15 @@ def test_a_lora_policy_compiles_its_wrapped_model(random_model_dir, monkeypatch)
     compiled = generate(model, tokenizer, _conversations(PROMPTS), compiled=True, **settings).completion_ids
     assert torch.equal(compiled, eager) and len(calls) == 11  # the wrapped Llama decoded compiled, adapter and all
     assert "forward" not in vars(base)
+
+
+def test_a_forward_replaced_on_the_instance_is_left_alone(random_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    hooked = model.forward  # a hook library's wrapper stands on the instance
+    model.forward = hooked
+    with compiled_forward(model):
+        assert vars(model)["forward"] is hooked
+    assert vars(model)["forward"] is hooked
 
 
 def test_the_forward_is_restored_when_sampling_fails(random_model_dir):
@@ -190,9 +205,10 @@ def test_a_fit_samples_compiled_and_trains_eagerly(tmp_path, random_model_dir, m
     assert trained == [True, True] and len(compiled_calls) >= 2 * 7  # two rollouts of 8 tokens, and evaluations
     monkeypatch.setattr(GRPOModule, "training_step", training_step)
     fit(tmp_path / "eager", random_model_dir, "--model.init_args.iterations=2")
-    rows = [(tmp_path / side / "run" / "metrics.csv").read_text().splitlines() for side in ("compiled", "eager")]
-    header = rows[0][0].split(",")
-    first = [dict(zip(header, line.split(","), strict=True)) for line in (rows[0][1], rows[1][1])]
-    for key in ("train/reward", "train/completion_len", "eval/exact_match"):
-        if first[0].get(key):
-            assert first[0][key] == first[1][key], key  # the same weights sampled the same first rollout
+    first = []
+    for side in ("compiled", "eager"):
+        with open(tmp_path / side / "run" / "metrics.csv") as f:
+            row = next(r for r in csv.DictReader(f) if r.get("train/reward"))  # iteration 1
+        first.append({key: float(value) for key, value in row.items() if key.startswith("train/") and value})
+    assert {"train/reward", "train/entropy", "train/loss", "train/kl"} <= first[0].keys()
+    assert first[0] == first[1]  # the same weights sampled the same first rollout, and trained on it alike
