@@ -57,8 +57,9 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
         hidden, weight, targets, lse = ctx.saved_tensors
         temperature, chunk_size, dtype = ctx.temperature, ctx.chunk_size, ctx.dtype
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        grad_weight = grad_weight if ctx.needs_input_grad[1] else None
+        # A frozen head (LoRA) gets no [V, H] buffer: zeroing one costs as much as a chunk's matmul
+        needs_weight = ctx.needs_input_grad[1]
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_weight else None
         for start in range(0, len(hidden), chunk_size):
             stop = start + chunk_size
             chunk = hidden[start:stop]
