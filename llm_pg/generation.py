@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from llm_pg.decoding import compiled_forward, reserved_cache
 from llm_pg.models import kv_cache, with_kv_cache
+from llm_pg.sampling import NucleusSampler
 
 Conversation = Sequence[dict[str, str]]
 
@@ -95,7 +96,9 @@ def generate(
 
     Sampling is plain temperature/top-p sampling: top-k and repetition penalties that a model's own
     generation config may carry are switched off, so the log-probs the trainer computes at `temperature`
-    are those of the sampling distribution (up to top-p truncation). With `seed`, sampling draws from a
+    are those of the sampling distribution (up to top-p truncation). With `top_p < 1` the token is drawn by
+    `llm_pg.sampling.NucleusSampler` (transformers' nucleus, without sorting the vocabulary at every token).
+    With `seed`, sampling draws from a
     forked RNG seeded with it: the same seed gives the same completions and global RNG state is untouched.
     With `share_prompt` and several samples, each prompt is prefilled once (`prompt_cache`) instead of once per
     sample; the tokens are those of the unshared prefill (the logits agree to float rounding). The cache is a
@@ -108,7 +111,12 @@ def generate(
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
     eos = eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    sampling = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": 0}
+    if greedy:
+        sampling = {"do_sample": False}
+    elif top_p < 1.0:  # our nucleus sampler draws the token; generate's greedy argmax then takes it
+        sampling = {"do_sample": False, "logits_processor": LogitsProcessorList([NucleusSampler(temperature, top_p)])}
+    else:
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
     was_training = model.training
     model.eval()
     cache = prompt_cache(model, encoded, num_samples) if share_prompt else None
@@ -120,7 +128,6 @@ def generate(
         output = model.generate(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
-            do_sample=not greedy,
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
             repetition_penalty=1.0,

@@ -17,9 +17,11 @@ import torch
 from conftest import ROOT
 from lightning.pytorch.callbacks import Callback
 from make_qwen_fixture import DEFAULT_SYSTEM_PROMPT, ENDOFTEXT, IM_END, MODEL_VOCAB_SIZE, TOKENIZER_SIZE
+from transformers import LogitsProcessorList
 
 from llm_pg.generation import encode_prompts, eos_token_ids, generate
 from llm_pg.models import load_tokenizer
+from llm_pg.sampling import NucleusSampler
 
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 MATH_SAMPLE = ROOT / "tests" / "fixtures" / "math_sample"
@@ -137,16 +139,19 @@ def _prompt(tokenizer, num_samples: int) -> dict[str, torch.Tensor]:
 
 
 def test_sampling_overrides_the_generation_config(qwen_model_dir):
-    """Our sampling = HF generate with top_k 0 and repetition_penalty 1.0 said explicitly, at the run's T/top-p."""
+    """Our sampling = HF generate running the nucleus sampler (`llm_pg.sampling`) at the run's T/top-p, with
+    repetition_penalty 1.0 said explicitly; the config's top_k 20 cannot apply (no sampling warpers run: the sampler
+    draws, generate takes its argmax)."""
     tokenizer, model = load_tokenizer(qwen_model_dir), load_base(qwen_model_dir)
     ours = generate(model, tokenizer, [QUESTION], num_samples=6, max_new_tokens=12, temperature=0.8, top_p=0.95, seed=3)
     prompt = _prompt(tokenizer, 6)
     eos, pad = eos_token_ids(model, tokenizer), tokenizer.pad_token_id
-    common = {**prompt, "max_new_tokens": 12, "eos_token_id": eos, "pad_token_id": pad}
+    common = {**prompt, "max_new_tokens": 12, "eos_token_id": eos, "pad_token_id": pad, "do_sample": False}
+    sampler = LogitsProcessorList([NucleusSampler(0.8, 0.95)])
     torch.manual_seed(3)
-    explicit = model.generate(**common, do_sample=True, temperature=0.8, top_p=0.95, top_k=0, repetition_penalty=1.0)
+    explicit = model.generate(**common, logits_processor=sampler, repetition_penalty=1.0)
     torch.manual_seed(3)
-    with_model_defaults = model.generate(**common, temperature=0.8, top_p=0.95)  # top_k 20, penalty 1.05 apply
+    with_model_defaults = model.generate(**common, logits_processor=sampler)  # the config's penalty 1.05 applies
     width = prompt["input_ids"].shape[1]
     assert torch.equal(ours.completion_ids, explicit[:, width:])
     assert not torch.equal(ours.completion_ids, with_model_defaults[:, width:])  # the override is not a no-op
