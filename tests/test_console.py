@@ -12,7 +12,7 @@ from llm_pg.cli import LLMPGCLI, main
 from llm_pg.console import silence_known_noise
 from llm_pg.entry import COMMANDS
 
-OURS = ["fit", "validate", "sweep", "report", "bundle", "pretrain-tiny", "eval-tiny"]
+OURS = ["fit", "validate", "sweep", "report", "bundle", "real-model", "pretrain-tiny", "eval-tiny"]
 
 
 def test_help_lists_every_command_with_one_line_and_not_test_or_predict(capsys):

@@ -1,0 +1,292 @@
+"""The trainer on a real pretrained chat model: SmolLM2-135M-Instruct (`make real-model`), on rollouts it sampled.
+
+Every log-prob path of the trainer equals a plain transformers forward of each row alone (no padding, no cache);
+the reference is the base model; the prompt's inner `<|im_end|>` tokens (the pad id too) are attended; completions
+end at the first `<|im_end|>`; greedy evaluation decodes what plain `generate` decodes; a LoRA fit changes only the
+adapter, and its `final/` loads in plain transformers + peft. Marked `real`: `make test-real` runs them (`make test`
+deselects them); without the prepared model they skip unless LLM_PG_REQUIRE_REAL=1 (set by `make test-real`), so a
+missing model fails there instead of passing silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from llm_pg import real_model
+from llm_pg.data.tasks import FormatCopyTask
+from llm_pg.generation import encode_prompts, eos_token_ids, generate
+from llm_pg.losses import completion_mask
+from llm_pg.models import enable_activation_checkpointing, load_tokenizer
+from llm_pg.modules.logprobs import frozen_logprobs, sequence_logprobs
+from llm_pg.rollout import RolloutBatch
+
+pytestmark = pytest.mark.real
+
+IM_END = 2  # `<|im_end|>`: EOS, pad, and the end of every turn inside the prompt
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Float32 log-probs of one row, through another path (padding, a shared prompt cache, packing, a chunked head,
+# recomputation under checkpointing): 30 layers of float rounding, measured at most ~2e-5 on these rollouts.
+LOGP_ATOL = 2e-4
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    try:
+        return str(real_model.prepared_dir())
+    except real_model.RealModelMissing as err:
+        if os.environ.get("LLM_PG_REQUIRE_REAL") == "1":
+            pytest.fail(str(err))
+        pytest.skip(f"{real_model.NAME} is not prepared (`make real-model`)")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return load_tokenizer(model_dir)
+
+
+def lora_policy(model_dir: str, dropout: float = 0.0):
+    """The real model with a LoRA adapter on the seven projections whose B is not zero, so the adapter matters."""
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = LoraConfig(r=16, lora_alpha=32, lora_dropout=dropout, target_modules=TARGETS, init_lora_weights=False)
+    return get_peft_model(base, config)
+
+
+def conversations(count: int, offset: int = 0) -> list:
+    task = FormatCopyTask()  # the course's system prompt and user turn
+    task.bind_seed(0)
+    return [task.messages(task.train_example(offset + i, 0)) for i in range(count)]
+
+
+def sampled_rollout(policy, tokenizer, prompts: int = 3, group: int = 3, tokens: int = 24) -> RolloutBatch:
+    """A rollout the pretrained model sampled (T 0.8, top-p 0.95; the adapter disabled: a random adapter rambles),
+    packed as the rollout callback packs it."""
+    with policy.disable_adapter():
+        sample = generate(
+            policy, tokenizer, conversations(prompts), num_samples=group, max_new_tokens=tokens, temperature=0.8,
+            top_p=0.95, seed=1,
+        )  # fmt: skip
+    model = policy
+    mask = completion_mask(sample.completion_ids, eos_token_ids(model, tokenizer))
+    n = len(sample.texts)
+    return RolloutBatch(
+        input_ids=torch.cat([sample.prompt_ids, sample.completion_ids], 1),
+        attention_mask=torch.cat([sample.prompt_mask, mask.long()], 1),
+        completion_mask=mask,
+        rewards=torch.zeros(n),
+        advantages=torch.zeros(n),
+        prompt_len=sample.prompt_ids.shape[1],
+        texts=sample.texts,
+        prompt_index=[row // group for row in range(n)],
+    )
+
+
+@pytest.fixture(scope="module")
+def policy_and_rollout(model_dir, tokenizer):
+    policy = lora_policy(model_dir)
+    rollout = sampled_rollout(policy, tokenizer)
+    return policy, rollout
+
+
+def plain_logprobs(model, rollout: RolloutBatch) -> list[torch.Tensor]:
+    """Each row alone, its real tokens only, through the model's own forward: log-probs of its completion tokens."""
+    out = []
+    for row in range(len(rollout)):
+        ids = rollout.input_ids[row][rollout.attention_mask[row].bool()][None]  # [1, p + c]
+        real = int(rollout.completion_mask[row].sum())
+        logits = model(input_ids=ids).logits[0, -real - 1 : -1].float()  # [c, V]
+        out.append(torch.log_softmax(logits, -1).gather(-1, ids[0, -real:, None]).squeeze(-1))
+    return out
+
+
+def trainer_view(chunk: int, share: bool):
+    """The module attributes `sequence_logprobs` reads."""
+    hparams = SimpleNamespace(logprob_chunk_size=chunk, share_prompt_prefix=share, share_prompt_dropout=False)
+    return SimpleNamespace(logprob_temperature=1.0, hparams=hparams, autocast=nullcontext, uses_lora=True)
+
+
+def chat_inputs(tokenizer, conversation) -> dict:
+    """The conversation as plain transformers encodes it for generation (no padding: one prompt)."""
+    kwargs = {"add_generation_prompt": True, "return_tensors": "pt", "return_dict": True}
+    return tokenizer.apply_chat_template(conversation, **kwargs)
+
+
+def rows_of(logp: torch.Tensor, rollout: RolloutBatch) -> list[torch.Tensor]:
+    return [logp[row][rollout.completion_mask[row]] for row in range(len(rollout))]
+
+
+def test_the_prepared_model_is_the_recorded_smollm2(model_dir, tokenizer):
+    manifest = json.loads((real_model.model_dir() / real_model.MANIFEST).read_text())
+    assert manifest["wheel_sha256"] == real_model.WHEEL_SHA256
+    assert real_model.check(real_model.model_dir()) == []  # every file as recorded when it was prepared
+    config = AutoModelForCausalLM.from_pretrained(model_dir).config
+    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.tie_word_embeddings) == (9, 3, True)
+    assert "quantization_config" not in config.to_dict()  # an ordinary float32 directory, not the GGUF again
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id == IM_END
+    assert tokenizer.convert_ids_to_tokens(IM_END) == "<|im_end|>"
+
+
+def test_a_missing_cache_is_one_line_giving_the_command(tmp_path, monkeypatch):
+    from llm_pg.models import resolve_model_path
+
+    monkeypatch.setenv("LLM_PG_CACHE", str(tmp_path))
+    with pytest.raises(ValueError, match=r"not prepared.*make real-model") as err:
+        resolve_model_path("smollm2-135m-instruct")
+    assert "\n" not in str(err.value)
+
+
+def test_prompt_turn_ends_are_attended_though_they_are_the_pad_id(tokenizer):
+    encoded = encode_prompts(tokenizer, conversations(3))
+    for ids, mask in zip(encoded["input_ids"], encoded["attention_mask"], strict=True):
+        real = ids[mask.bool()]
+        assert int((real == IM_END).sum()) == 2  # the system and user turns end with <|im_end|>, inside the prompt
+        assert bool(mask[(ids == IM_END).nonzero()[-1]])  # the last <|im_end|> of the row is attended
+        # padding is only at the left: the attended tokens are one block ending at the last column
+        first = int(mask.argmax())
+        assert bool(mask[first:].all()) and not bool(mask[:first].any())
+
+
+def test_completions_end_at_the_first_im_end_and_the_mask_with_them(policy_and_rollout, tokenizer):
+    _, rollout = policy_and_rollout
+    completions = rollout.input_ids[:, rollout.prompt_len :]
+    ended = 0
+    for row in range(len(rollout)):
+        ids, mask = completions[row], rollout.completion_mask[row]
+        eos = (ids == IM_END).nonzero()
+        if len(eos):
+            first = int(eos[0])
+            ended += 1
+            assert int(mask.sum()) == first + 1 and bool(mask[: first + 1].all())  # up to and including it
+            assert bool((ids[first:] == IM_END).all())  # then only padding (the same id)
+            assert "<|im_end|>" not in tokenizer.decode(ids[:first])
+        else:
+            assert bool(mask.all())  # truncated: every token counts
+    assert ended >= 1  # the rollout holds completions that ended, so the check above ran
+
+
+@pytest.mark.parametrize("chunk", [0, 256], ids=["plain_head", "chunked_head"])
+@pytest.mark.parametrize("share", [True, False], ids=["shared_prompts", "own_prompts"])
+@pytest.mark.parametrize("adapter", ["on", "off"])
+def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(policy_and_rollout, chunk, share, adapter):
+    # Padded, prompt-shared or packed (chunk > 0 without sharing), chunked head or not, adapter on or disabled
+    # (the reference): each row's completion log-probs equal its plain forward's, in eval mode, no grad.
+    policy, rollout = policy_and_rollout
+    module = trainer_view(chunk, share)
+    module.policy, module.reference = policy, None
+    module.hparams.logprob_batch_size = 4  # three micro-batches of the nine rows
+    off = policy.disable_adapter() if adapter == "off" else nullcontext()
+    logp = frozen_logprobs(module, rollout, reference=adapter == "off")  # [N, C]
+    with torch.no_grad(), off:
+        policy.eval()
+        expected = plain_logprobs(policy, rollout)
+    for got, want in zip(rows_of(logp, rollout), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=LOGP_ATOL)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["stored", "checkpointed"])
+@pytest.mark.parametrize("chunk", [0, 256], ids=["plain_head", "chunked_head"])
+@pytest.mark.parametrize("share", [True, False], ids=["shared_prompts", "own_prompts"])
+def test_training_logprob_paths_equal_a_plain_forward_with_its_gradient(
+    model_dir, tokenizer, checkpointing, chunk, share
+):
+    # Train mode with a graph (LoRA dropout 0, so the forward is deterministic): log-probs and the adapter's gradient
+    # of a weighted sum of them equal those of the plain per-row forwards, with and without gradient checkpointing.
+    policy = lora_policy(model_dir)
+    rollout = sampled_rollout(policy, tokenizer, prompts=2, group=3, tokens=16)
+    if checkpointing:
+        enable_activation_checkpointing(policy)
+        policy.enable_input_require_grads()
+    policy.train()
+    weights = torch.linspace(0.5, 1.5, rollout.completion_mask.shape[1])  # [C]: a loss that weighs every position
+    lora = [p for p in policy.parameters() if p.requires_grad]
+    logp, _ = sequence_logprobs(trainer_view(chunk, share), policy, rollout)  # [N, C]
+    (logp * rollout.completion_mask * weights).sum().backward()
+    grad = torch.cat([p.grad.reshape(-1) for p in lora])
+    policy.zero_grad()
+    expected = plain_logprobs(policy, rollout)
+    sum(((row * weights[: len(row)]).sum() for row in expected), torch.zeros(())).backward()
+    expected_grad = torch.cat([p.grad.reshape(-1) for p in lora])
+    for got, want in zip(rows_of(logp.detach(), rollout), expected, strict=True):
+        torch.testing.assert_close(got, want.detach(), rtol=0, atol=LOGP_ATOL)
+    assert expected_grad.norm() > 1e-2
+    assert float((grad - expected_grad).norm() / expected_grad.norm()) < 1e-4
+
+
+def test_the_reference_is_the_base_model(policy_and_rollout, model_dir):
+    # The adapter disabled is the base model bit for bit; enabled, it moves the log-probs (it is not zero).
+    policy, rollout = policy_and_rollout
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids, mask = rollout.input_ids[:2], rollout.attention_mask[:2]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    policy.eval()
+    with torch.no_grad():
+        want = base(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        with policy.disable_adapter():
+            off = policy(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        on = policy(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    assert torch.equal(off, want)
+    assert float((on - want).abs().max()) > 1e-2
+
+
+def test_greedy_evaluation_decodes_what_plain_generate_decodes(model_dir, tokenizer):
+    # The trainer's greedy decoding (left-padded batch, reserved KV cache) against transformers' own generate on
+    # each prompt alone, token for token, over 24 new tokens of the course's format_copy prompts.
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    convs = conversations(6, offset=100)
+    ours = generate(model, tokenizer, convs, max_new_tokens=24, greedy=True)
+    plain_tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    for row, conv in enumerate(convs):
+        inputs = chat_inputs(plain_tokenizer, conv)
+        out = model.generate(**inputs, max_new_tokens=24, do_sample=False)[0, inputs["input_ids"].shape[1] :]
+        got = ours.completion_ids[row][: len(out)]
+        assert got.tolist() == out.tolist(), (row, plain_tokenizer.decode(out), ours.texts[row])
+        assert ours.texts[row] == plain_tokenizer.decode(out, skip_special_tokens=True)
+
+
+def test_a_lora_fit_changes_only_the_adapter_and_its_final_loads_in_plain_peft(tmp_path, model_dir):
+    # Three GRPO iterations of the real-CPU rehearsal config, small: 2 prompts x 4, 12 new tokens, 4 eval prompts of
+    # a task whose rewards vary for any model (the share of digits), so every iteration has a gradient.
+    # Only LoRA weights move; final/ (the adapter) loads in plain transformers + peft over the base model and
+    # greedy-decodes the run's last evaluation, completion for completion.
+    from conftest import fit
+
+    cli = fit(
+        tmp_path, real_model.NAME, "--model.init_args.iterations=3", "--model.init_args.max_new_tokens=12",
+        "--model.init_args.lr=1e-3", "--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4",
+        config="configs/real_cpu/format_copy_grpo.yaml",
+    )  # fmt: skip
+    run = tmp_path / "run"
+    assert (run / "COMPLETE").is_file()
+    trained = dict(cli.model.policy.named_parameters())
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    base_weights = dict(base.named_parameters())
+    adapter = {name: p for name, p in trained.items() if "lora_" in name}
+    assert len(adapter) == 30 * 7 * 2  # A and B on the seven projections of the 30 layers
+    for name, p in trained.items():
+        if name not in adapter:
+            assert torch.equal(p.detach(), base_weights[_base_name(name)]), name  # the base is untouched
+    assert all(float(p.abs().max()) > 0 for name, p in adapter.items() if "lora_B" in name)  # B starts at zero
+    loaded = PeftModel.from_pretrained(base, run / "final").eval()
+    plain_tokenizer = AutoTokenizer.from_pretrained(run / "final")
+    evaluated = [json.loads(line) for line in (run / "eval" / "iter_00003.jsonl").read_text().splitlines()]
+    task = cli.datamodule.task
+    for example, row in zip(task.eval_examples, evaluated, strict=True):
+        conv = task.messages(example)
+        inputs = chat_inputs(plain_tokenizer, conv)
+        with torch.no_grad():
+            out = loaded.generate(**inputs, max_new_tokens=12, do_sample=False)[0, inputs["input_ids"].shape[1] :]
+        assert plain_tokenizer.decode(out, skip_special_tokens=True) == row["completion"]
+
+
+def _base_name(name: str) -> str:
+    """`base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight` -> the base model's own name."""
+    return name.removeprefix("base_model.model.").replace(".base_layer", "")
