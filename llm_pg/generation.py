@@ -98,8 +98,8 @@ def generate(
     generation config may carry are switched off, so the log-probs the trainer computes at `temperature`
     are those of the sampling distribution (up to top-p truncation). With `top_p < 1` the token is drawn by
     `llm_pg.sampling.NucleusSampler` (transformers' nucleus, without sorting the vocabulary at every token).
-    With `seed`, sampling draws from a
-    forked RNG seeded with it: the same seed gives the same completions and global RNG state is untouched.
+    With `seed`, sampling draws from a forked RNG seeded with it: the same seed gives the same completions and
+    global RNG state is untouched.
     With `share_prompt` and several samples, each prompt is prefilled once (`prompt_cache`) instead of once per
     sample; the tokens are those of the unshared prefill (the logits agree to float rounding). The cache is a
     reserved one (`llm_pg.decoding.reserved_cache`: decoded positions written in place); with `compiled`, the decode
