@@ -40,6 +40,20 @@ def random_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def real_model_dir() -> str:
+    """SmolLM2-135M-Instruct as `make real-model` prepared it. Skips without it, unless LLM_PG_REQUIRE_REAL=1 (as
+    `make test-real` and `make test-vllm` set it): then a missing model fails instead of passing silently."""
+    from llm_pg import real_model
+
+    try:
+        return str(real_model.prepared_dir())
+    except real_model.RealModelMissing as err:
+        if os.environ.get("LLM_PG_REQUIRE_REAL") == "1":
+            pytest.fail(str(err))
+        pytest.skip(f"{real_model.NAME} is not prepared (`make real-model`)")
+
+
+@pytest.fixture(scope="session")
 def qwen_model_dir(tmp_path_factory) -> str:
     """A tiny random Qwen2 with Qwen2.5-Math-Instruct's tokenizer, chat template and generation config
     (`tests/make_qwen_fixture.py`): what the real configs load, without a download."""

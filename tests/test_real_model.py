@@ -11,7 +11,6 @@ missing model fails there instead of passing silently.
 from __future__ import annotations
 
 import json
-import os
 from contextlib import nullcontext
 from types import SimpleNamespace
 
@@ -38,13 +37,8 @@ LOGP_ATOL = 2e-4
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> str:
-    try:
-        return str(real_model.prepared_dir())
-    except real_model.RealModelMissing as err:
-        if os.environ.get("LLM_PG_REQUIRE_REAL") == "1":
-            pytest.fail(str(err))
-        pytest.skip(f"{real_model.NAME} is not prepared (`make real-model`)")
+def model_dir(real_model_dir) -> str:
+    return real_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ Runs in `.venv-vllm` (`make test-vllm`, after `make real-model`); skipped where 
 not prepared (unless LLM_PG_REQUIRE_REAL=1, as `make test-vllm` sets it: then a missing model fails).
 """
 
-import os
-
 import pytest
 import torch
 
@@ -15,7 +13,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed: run `make test-vllm`"
 from test_vllm import SETTINGS, teacher_forced
 from transformers import AutoModelForCausalLM
 
-from llm_pg import real_model
 from llm_pg.data.tasks import FormatCopyTask
 from llm_pg.engines.vllm import VLLMEngine
 from llm_pg.generation import eos_token_ids
@@ -32,13 +29,8 @@ MEAN_BOUND, MAX_BOUND = 2e-4, 1e-3
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> str:
-    try:
-        return str(real_model.prepared_dir())
-    except real_model.RealModelMissing as err:
-        if os.environ.get("LLM_PG_REQUIRE_REAL") == "1":
-            pytest.fail(str(err))
-        pytest.skip(f"{real_model.NAME} is not prepared (`make real-model`)")
+def model_dir(real_model_dir) -> str:
+    return real_model_dir
 
 
 def test_vllm_samples_the_real_model_and_its_logprobs_match_the_trainers(model_dir):
