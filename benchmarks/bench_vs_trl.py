@@ -1,8 +1,19 @@
-"""Race: seconds per GRPO iteration, llm_pg against TRL's GRPOTrainer, at identical settings on the tiny model.
+"""Race: seconds per GRPO iteration, llm_pg against TRL's GRPOTrainer, at identical settings.
 
     .venv/bin/python -m pip install -c requirements.lock -e ".[bench]"     # TRL, pinned
     .venv/bin/python benchmarks/bench_vs_trl.py [--reps 3] [--tokens 24] [--min-tokens 0] [--iterations 6]
         [--eager-decode]
+    make real-model && .venv/bin/python benchmarks/bench_vs_trl.py --model real [--checkpointing] [--reps 2]
+        [--iterations 3]
+
+`--model real` races on SmolLM2-135M-Instruct (`make real-model`) at the course's format_copy settings, both sides
+on two torch threads: the course's system prompt and user turn (integers in [-5000, 5000]), 8 prompts x 6, 1-24
+new tokens at T 0.8 and top-p 0.95, 2 passes in micro-batches of 8 with 6-step accumulation (one optimizer step
+per pass), LoRA r 16 / alpha 32 / dropout 0.05 on the seven projections (the reference: the adapter switched
+off), KL 0.05, clip 0.2, AdamW lr 3e-5 constant, grad norm 0.5, float32, with or without gradient checkpointing
+(`--checkpointing`, the course's setting, on both sides). llm_pg runs configs/format_copy/grpo.yaml with those
+overrides and its own defaults otherwise (eager decoding); TRL its GRPOTrainer with the same `LoraConfig`.
+The rest of this text is the tiny race (the default), with which the real one shares the timing method.
 
     make .venv-vllm/.installed && .venv-vllm/bin/python -m pip install -c .venv-vllm/constraints.txt trl==1.16.0
     .venv-vllm/bin/python benchmarks/bench_vs_trl.py --engine vllm [--reps 3] [--tokens 24] ...
@@ -58,15 +69,35 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from importlib.util import find_spec
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS, GROUP, MICRO, EPOCHS = 8, 8, 8, 2
-KL, CLIP, LR, GRAD_NORM = 0.04, 0.2, 3e-4, 0.5
+EPOCHS, CLIP, GRAD_NORM = 2, 0.2, 0.5
+
+
+@dataclass(frozen=True)
+class Race:
+    """The settings both sides run with: the tiny model's race, or the real model's at the course's settings."""
+
+    model: str  # `tiny` | `real` (SmolLM2-135M-Instruct, `make real-model`)
+    prompts: int
+    group: int
+    micro: int  # rows per micro-batch; prompts * group / micro micro-batches per optimizer step
+    kl: float
+    lr: float
+    temperature: float
+    top_p: float
+    threads: int
+    lora: bool  # r 16, alpha 32, dropout 0.05 on the seven projections (the course's adapter)
+    checkpointing: bool = False
+
+
+TINY = Race("tiny", prompts=8, group=8, micro=8, kl=0.04, lr=3e-4, temperature=1.0, top_p=1.0, threads=1, lora=False)
+REAL = Race("real", prompts=8, group=6, micro=8, kl=0.05, lr=3e-5, temperature=0.8, top_p=0.95, threads=2, lora=True)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ENV = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
     "WANDB_MODE": "disabled",
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -76,15 +107,32 @@ ENV = {
 VLLM_KV_CACHE_BYTES, VLLM_BATCHED_TOKENS, VLLM_MAX_MODEL_LEN = 256 * 2**20, 4096, 512
 
 
-def tiny_task():
+def race_task(race: Race):
     from llm_pg.data.tasks import FormatCopyTask
 
+    if race.model == "real":
+        return FormatCopyTask()  # the course's system prompt, user turn and integers in [-5000, 5000]
     return FormatCopyTask(low=-999, high=999, system_prompt=None, prompt_template="Copy: {n}")
 
 
-def run_llm_pg(iterations: int, tokens: int, min_tokens: int, engine: str, eager_decode: bool = False) -> list[float]:
+def run_llm_pg(
+    race: Race, iterations: int, tokens: int, min_tokens: int, engine: str, eager_decode: bool = False
+) -> list[float]:
     """Seconds of each iteration after the first, from the run's `time/elapsed` metric."""
     from llm_pg.cli import run_cli
+
+    if race.model == "real":  # the course's config on the CPU: its LoRA, passes, clip, KL, lr, sampling
+        model = [
+            f"--config={ROOT / 'configs/format_copy/grpo.yaml'}",
+            "--model.init_args.model_name_or_path=smollm2-135m-instruct",
+            "--trainer.accelerator=cpu",
+            f"--model.init_args.gradient_checkpointing={race.checkpointing}",
+            "--model.init_args.warmup_steps=0",  # constant lr on both sides
+        ]
+        decode = []  # llm_pg's defaults (eager decoding)
+    else:
+        model = [f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}"]
+        decode = [f"--model.init_args.compile_generation={not eager_decode}"]
 
     vllm = [
         "--model.init_args.rollout_engine=vllm",
@@ -95,31 +143,31 @@ def run_llm_pg(iterations: int, tokens: int, min_tokens: int, engine: str, eager
         run_cli(
             [
                 "fit",
-                f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}",
+                *model,
                 f"--runs_root={runs}",
                 "--run_name=bench",
-                "--torch_threads=1",
+                f"--torch_threads={race.threads}",
                 "--wandb_project=null",
                 "--trainer.enable_progress_bar=false",
-                f"--data.prompts_per_step={PROMPTS}",
+                f"--data.prompts_per_step={race.prompts}",
                 f"--model.init_args.iterations={iterations}",
-                f"--model.init_args.group_size={GROUP}",
-                f"--model.init_args.minibatch_size={MICRO}",
-                f"--model.init_args.grad_accum_steps={PROMPTS * GROUP // MICRO}",
+                f"--model.init_args.group_size={race.group}",
+                f"--model.init_args.minibatch_size={race.micro}",
+                f"--model.init_args.grad_accum_steps={race.prompts * race.group // race.micro}",
                 f"--model.init_args.ppo_epochs={EPOCHS}",
-                f"--model.init_args.kl_coef={KL}",
+                f"--model.init_args.kl_coef={race.kl}",
                 f"--model.init_args.clip_eps={CLIP}",
-                f"--model.init_args.lr={LR}",
+                f"--model.init_args.lr={race.lr}",
                 f"--model.init_args.max_grad_norm={GRAD_NORM}",
                 f"--model.init_args.max_new_tokens={tokens}",
                 f"--model.init_args.min_new_tokens={min_tokens}",
-                "--model.init_args.temperature=1.0",
-                "--model.init_args.top_p=1.0",
+                f"--model.init_args.temperature={race.temperature}",
+                f"--model.init_args.top_p={race.top_p}",
                 "--model.init_args.dtype=float32",
                 "--model.init_args.eval_every=100000",  # evaluates at 0 and the end only: outside the timed span
                 "--model.init_args.log_generations_every=0",
             ]
-            + (vllm if engine == "vllm" else [f"--model.init_args.compile_generation={not eager_decode}"])
+            + (vllm if engine == "vllm" else decode)
         )
         with open(Path(runs) / "bench" / "metrics.csv") as f:
             elapsed = [float(row["time/elapsed"]) for row in csv.DictReader(f) if row.get("time/elapsed")]
@@ -169,7 +217,7 @@ def trl_cpu_weight_sync() -> None:
     VLLMGeneration.sync_weights = sync_weights
 
 
-def run_trl(iterations: int, tokens: int, min_tokens: int, engine: str) -> list[float]:
+def run_trl(race: Race, iterations: int, tokens: int, min_tokens: int, engine: str) -> list[float]:
     """Seconds of each iteration after the first: TRL makes `EPOCHS` optimizer steps per generation."""
     import torch
     from datasets import Dataset
@@ -177,10 +225,10 @@ def run_trl(iterations: int, tokens: int, min_tokens: int, engine: str) -> list[
     from trl import GRPOConfig, GRPOTrainer
 
     from llm_pg.data.tasks.base import Example
-    from llm_pg.models import TINY_MODEL, load_tokenizer
+    from llm_pg.models import TINY_MODEL, load_tokenizer, resolve_model_path
 
-    task = tiny_task()
-    examples = [task.train_example(i, seed=0) for i in range(PROMPTS * iterations)]
+    task = race_task(race)
+    examples = [task.train_example(i, seed=0) for i in range(race.prompts * iterations)]
     dataset = Dataset.from_list([{"prompt": task.messages(e), "text": e.prompt, "answer": e.answer} for e in examples])
 
     def reward(prompts, completions, text, answer, **_) -> list[float]:
@@ -209,6 +257,13 @@ def run_trl(iterations: int, tokens: int, min_tokens: int, engine: str) -> list[
         }
     else:
         sampler = {"generation_kwargs": {"min_new_tokens": min_tokens}}  # HF generate's name
+    peft = {}
+    if race.lora:
+        from peft import LoraConfig
+
+        lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+        peft = {"peft_config": lora}
+    path = resolve_model_path("smollm2-135m-instruct") if race.model == "real" else TINY_MODEL
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
             output_dir=out,
@@ -216,62 +271,65 @@ def run_trl(iterations: int, tokens: int, min_tokens: int, engine: str) -> list[
             bf16=False,
             fp16=False,
             seed=0,
-            per_device_train_batch_size=MICRO,
-            gradient_accumulation_steps=PROMPTS * GROUP // MICRO,
-            num_generations=GROUP,
+            per_device_train_batch_size=race.micro,
+            gradient_accumulation_steps=race.prompts * race.group // race.micro,
+            num_generations=race.group,
             num_iterations=EPOCHS,
             max_steps=EPOCHS * iterations,
             max_completion_length=tokens,
-            temperature=1.0,
-            top_p=1.0,
+            temperature=race.temperature,
+            top_p=race.top_p,
             top_k=0,
-            beta=KL,
+            beta=race.kl,
             epsilon=CLIP,
             loss_type="grpo",
             scale_rewards="group",
-            learning_rate=LR,
+            learning_rate=race.lr,
             lr_scheduler_type="constant",
             adam_beta1=0.9,
             adam_beta2=0.95,
             weight_decay=0.0,
             max_grad_norm=GRAD_NORM,
-            gradient_checkpointing=False,
+            gradient_checkpointing=race.checkpointing,
             logging_steps=EPOCHS,  # one log line per iteration, as llm_pg logs
             report_to="none",
             save_strategy="no",
             disable_tqdm=True,
             **sampler,
         )
-        model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=reward,
             args=config,
             train_dataset=dataset,
-            processing_class=load_tokenizer(TINY_MODEL),
+            processing_class=load_tokenizer(path),
             callbacks=[clock],
+            **peft,
         )
         trainer.train()
     ends = clock.step_ends[EPOCHS - 1 :: EPOCHS]  # the end of each iteration
     return [b - a for a, b in itertools.pairwise(ends)]
 
 
-def child(side: str, iterations: int, tokens: int, min_tokens: int, engine: str, eager_decode: bool) -> None:
+def child(side: str, race: Race, iterations: int, tokens: int, min_tokens: int, engine: str, eager: bool) -> None:
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(race.threads)
     if side == "llm_pg":
-        seconds = run_llm_pg(iterations, tokens, min_tokens, engine, eager_decode)
+        seconds = run_llm_pg(race, iterations, tokens, min_tokens, engine, eager)
     else:
-        seconds = run_trl(iterations, tokens, min_tokens, engine)
+        seconds = run_trl(race, iterations, tokens, min_tokens, engine)
     print(json.dumps({"side": side, "seconds": seconds}))
 
 
-def one_run(side: str, iterations: int, tokens: int, min_tokens: int, engine: str, eager_decode: bool) -> float:
+def one_run(side: str, race: Race, iterations: int, tokens: int, min_tokens: int, engine: str, eager: bool) -> float:
     """The median seconds per iteration of one fresh-process run of `side` (warm-up iteration dropped)."""
     command = [sys.executable, __file__, "--side", side, "--iterations", str(iterations), "--engine", engine]
-    command += ["--tokens", str(tokens), "--min-tokens", str(min_tokens)] + (["--eager-decode"] * eager_decode)
-    done = subprocess.run(command, cwd=ROOT, env={**os.environ, **ENV}, capture_output=True, text=True)
+    command += ["--tokens", str(tokens), "--min-tokens", str(min_tokens)] + (["--eager-decode"] * eager)
+    command += ["--model", race.model] + (["--checkpointing"] * race.checkpointing)
+    threads = {"OMP_NUM_THREADS": str(race.threads), "MKL_NUM_THREADS": str(race.threads)}
+    done = subprocess.run(command, cwd=ROOT, env={**os.environ, **ENV, **threads}, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{side} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"][1:]
@@ -288,8 +346,13 @@ def main() -> None:
     parser.add_argument(
         "--eager-decode", action="store_true", help="llm_pg decodes eagerly (default with hf: compile_generation)"
     )
+    parser.add_argument("--model", choices=["tiny", "real"], default="tiny", help="real: SmolLM2-135M, course settings")
+    parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on both sides (real)")
     parser.add_argument("--side", choices=["llm_pg", "trl"], help=argparse.SUPPRESS)  # one run, in a child
     args = parser.parse_args()
+    race = replace(REAL if args.model == "real" else TINY, checkpointing=args.checkpointing)
+    if args.model == "real" and args.engine == "vllm":
+        parser.error("--model real races HF generate on both sides; the vLLM race runs on the tiny model")
     if args.iterations < 3:
         parser.error(f"--iterations={args.iterations}: give at least 3 (one warm-up, two timed)")
     if not 0 <= args.min_tokens <= args.tokens:
@@ -302,25 +365,29 @@ def main() -> None:
             f"docstring says and run it with {venv}/bin/python"
         )
     if args.side:
-        child(args.side, args.iterations, args.tokens, args.min_tokens, args.engine, args.eager_decode)
+        child(args.side, race, args.iterations, args.tokens, args.min_tokens, args.engine, args.eager_decode)
         return
     times: dict[str, list[float]] = {"llm_pg": [], "trl": []}
     for rep in range(args.reps):
         order = ("llm_pg", "trl") if rep % 2 == 0 else ("trl", "llm_pg")
         for side in order:
-            run = one_run(side, args.iterations, args.tokens, args.min_tokens, args.engine, args.eager_decode)
+            run = one_run(side, race, args.iterations, args.tokens, args.min_tokens, args.engine, args.eager_decode)
             times[side].append(run)
             print(f"rep {rep + 1}/{args.reps} {side:<6} {times[side][-1]:.3f} s/iteration", flush=True)
     lengths = f"{args.min_tokens}-{args.tokens} new tokens"
-    print(f"{PROMPTS} prompts x {GROUP}, {lengths}, {EPOCHS} epochs, {args.reps} interleaved reps, {args.engine}:")
+    ckpt = f", gradient checkpointing {'on' if race.checkpointing else 'off'}"
+    print(
+        f"{race.model} model, {race.prompts} prompts x {race.group}, {lengths}, {EPOCHS} epochs{ckpt}, "
+        f"{args.reps} interleaved reps, {args.engine}:"
+    )
     for side, values in times.items():
         spread = f"min {min(values):.3f}  max {max(values):.3f}"
         print(f"  {side:<6} median {statistics.median(values):.3f} s/iteration   {spread}")
     llm_pg_s, trl_s = statistics.median(times["llm_pg"]), statistics.median(times["trl"])
     ratio = round(llm_pg_s / trl_s, 4)
-    decode = "eager" if args.eager_decode or args.engine == "vllm" else "compiled"
+    decode = "eager" if args.eager_decode or args.engine == "vllm" or race.model == "real" else "compiled"
     figures = {"llm_pg_s": round(llm_pg_s, 4), "trl_s": round(trl_s, 4), "ratio": ratio, "engine": args.engine}
-    print(json.dumps({**figures, "llm_pg_decode": decode}))
+    print(json.dumps({**figures, "llm_pg_decode": decode, "model": race.model, "checkpointing": race.checkpointing}))
 
 
 if __name__ == "__main__":

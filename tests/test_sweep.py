@@ -121,7 +121,7 @@ def test_shipped_sweeps_parse_with_the_real_cli(path, capsys, monkeypatch):
     assert path.read_text().startswith("#"), "a sweep file opens with the command that runs it"
     sweep = load_sweep(path)
     runs = expand(sweep)
-    assert len({r.label for r in runs}) >= 5 and len(sweep["seeds"]) >= 1
+    assert len({r.label for r in runs}) >= 2 and len(sweep["seeds"]) >= 1  # at least two settings compared
     for run in (r for r in runs if r.seed == sweep["seeds"][0]):
         with pytest.raises(SystemExit) as exit_info:
             run_cli(["fit", *[a if a != run.config else str(ROOT / a) for a in run.fit_args()], "--print_config"])
