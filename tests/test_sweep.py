@@ -115,13 +115,33 @@ SHIPPED = sorted((ROOT / "configs" / "sweeps").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_shipped_sweeps_parse_with_the_real_cli(path, capsys, monkeypatch):
-    from llm_pg.cli import run_cli
+    runs, sweep = _expanded(path, monkeypatch)
+    assert len({r.label for r in runs}) >= 5 and len(sweep["seeds"]) >= 1
+    _parse_with_the_real_cli(runs, sweep, capsys)
 
+
+# Two-arm comparisons on the real model (configs/real_cpu/sweeps/): GRPO against GR-REINFORCE, 3 seeds.
+REAL_SWEEPS = sorted((ROOT / "configs" / "real_cpu" / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", REAL_SWEEPS, ids=lambda p: p.stem)
+def test_real_model_sweeps_parse_with_the_real_cli(path, capsys, monkeypatch):
+    runs, sweep = _expanded(path, monkeypatch)
+    assert {r.label for r in runs} == {"grpo", "reinforce"} and sweep["seeds"] == [0, 1, 2]
+    assert {r.config for r in runs} == {"configs/real_cpu/format_copy_grpo.yaml"}
+    _parse_with_the_real_cli(runs, sweep, capsys)
+
+
+def _expanded(path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["llm-pg"])  # LightningCLI warns when it sees pytest's arguments too
     assert path.read_text().startswith("#"), "a sweep file opens with the command that runs it"
     sweep = load_sweep(path)
-    runs = expand(sweep)
-    assert len({r.label for r in runs}) >= 2 and len(sweep["seeds"]) >= 1  # at least two settings compared
+    return expand(sweep), sweep
+
+
+def _parse_with_the_real_cli(runs, sweep, capsys):
+    from llm_pg.cli import run_cli
+
     for run in (r for r in runs if r.seed == sweep["seeds"][0]):
         with pytest.raises(SystemExit) as exit_info:
             run_cli(["fit", *[a if a != run.config else str(ROOT / a) for a in run.fit_args()], "--print_config"])
