@@ -1,4 +1,4 @@
-"""The math_hard GRPO update at the course's shapes, today's path (`old`) against the levers (`new`, the defaults).
+"""The math_hard GRPO update at the course's shapes, the path before issue 22 (`old`) against the levers (`new`).
 
     .venv/bin/python benchmarks/update_shapes.py [--rows 64] [--scale 1.0] [--threads 2] [--reps 1]
         [--share-prompt-dropout]
@@ -12,8 +12,9 @@ one update fits a CPU in minutes: the head is full-size, the body is not.
 Lengths (seeded): prompts uniform in 100-400 tokens, one per group of 8; completions 8-512 tokens, a quarter of them
 at the cap 512 (truncated, no EOS) and the rest uniform in 8-511 ending in EOS, as Qwen2.5-Math produces on MATH
 level 5 under `max_new_tokens: 512`. `--scale s` multiplies every length by s; `--rows` shrinks the rollout (a
-multiple of 8). The old path is `logprob_chunk_size: 0, group_by_length: false` (the keys turn each lever off).
-`--share-prompt-dropout` adds a third side, `new_shared_dropout`: the defaults with `share_prompt_dropout: true`, so
+multiple of 8). The old path is `logprob_chunk_size: 0, group_by_length: false` (the keys turn each lever off);
+`old` and `new` draw a LoRA-dropout mask per row (`share_prompt_dropout: false`, the course's draw).
+`--share-prompt-dropout` adds a third side, `new_shared_dropout`: today's defaults (`share_prompt_dropout: true`), so
 the training forwards share each prompt (one LoRA-dropout mask per prompt) through the checkpointed layers
 (`llm_pg.models.PromptCache`); `new` keeps a mask per row, so its training forwards run every row's prompt.
 
@@ -45,9 +46,9 @@ import torch
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 VOCAB, EOS, PAD = 151_936, 151_645, 151_643  # Qwen2.5: <|im_end|>, <|endoftext|>
 SIDES = {
-    "old": {"logprob_chunk_size": 0, "group_by_length": False},
-    "new": {},
-    "new_shared_dropout": {"share_prompt_dropout": True},  # with --share-prompt-dropout
+    "old": {"logprob_chunk_size": 0, "group_by_length": False, "share_prompt_dropout": False},
+    "new": {"share_prompt_dropout": False},  # a LoRA-dropout mask per row, as the course draws them
+    "new_shared_dropout": {"share_prompt_dropout": True},  # the default since issue 27; with --share-prompt-dropout
 }
 
 
