@@ -19,7 +19,7 @@ across them (or the config's own `trainer.strategy`, e.g. fsdp2), each rank roll
 `--nodes N --gpus 8` runs on a Modal cluster of N containers (`train_cluster`, `@modal.clustered(rdma=True)`), one
 Lightning node each; N is fixed when the app is defined, so LLM_PG_NODES=N must be set too (default 2).
 
-The commands and the training loop are plain Python in llm_pg/modal_support.py, tested without Modal
+The commands and the training loop are plain Python in llm_pg/cli/modal_support.py, tested without Modal
 credentials (tests/test_launch.py).
 """
 
@@ -35,7 +35,7 @@ from typing import Any
 
 import modal
 
-from llm_pg.modal_support import (
+from llm_pg.cli.modal_support import (
     COMMIT_EVERY_S,
     COMPILE_CACHE_ENV,
     REMOTE_COMPILE_CACHE,
@@ -52,7 +52,7 @@ from llm_pg.modal_support import (
     prefetch_plan,
     run_fit,
 )
-from llm_pg.sweep import expand, load_sweep, select
+from llm_pg.cli.sweep import expand, load_sweep, select
 
 __all__ = ["COMMIT_EVERY_S", "default_run_name", "fit_command", "parse_override"]  # used by tests and users
 
@@ -75,7 +75,7 @@ RETRIES = 3  # attempts after a crash or a timeout; preemptions restart the inpu
 WANDB_SECRET = os.environ.get("LLM_PG_WANDB_SECRET", "wandb")
 
 
-# ---- what runs: plain functions (llm_pg/modal_support.py), and the paths here ---------------------------
+# ---- what runs: plain functions (llm_pg/cli/modal_support.py), and the paths here ---------------------------
 
 
 def fetch_command(run_name: str, dest: str = "runs") -> str:
@@ -263,7 +263,7 @@ def bundle(*argv: str) -> bytes:
 
     The zip is returned (`-w` writes it here) and kept on the Volume at /bundles/<--name>.
     """
-    from llm_pg.bundle import bundle as write_bundle
+    from llm_pg.cli.bundle import bundle as write_bundle
 
     parser = argparse.ArgumentParser(prog="modal run -w results.zip launch.py::bundle")
     parser.add_argument("runs", nargs="+", help="run names on the Volume, e.g. format_copy_grpo")

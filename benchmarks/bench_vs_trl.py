@@ -119,7 +119,7 @@ def run_llm_pg(
     race: Race, iterations: int, tokens: int, min_tokens: int, engine: str, eager_decode: bool = False
 ) -> list[float]:
     """Seconds of each iteration after the first, from the run's `time/elapsed` metric."""
-    from llm_pg.cli import run_cli
+    from llm_pg.cli.fit import run_cli
 
     if race.model == "real":  # the course's config on the CPU: its LoRA, passes, clip, KL, lr, sampling
         model = [
@@ -225,7 +225,7 @@ def run_trl(race: Race, iterations: int, tokens: int, min_tokens: int, engine: s
     from trl import GRPOConfig, GRPOTrainer
 
     from llm_pg.data.tasks.base import Example
-    from llm_pg.models import TINY_MODEL, load_tokenizer, resolve_model_path
+    from llm_pg.models.loading import TINY_MODEL, load_tokenizer, resolve_model_path
 
     task = race_task(race)
     examples = [task.train_example(i, seed=0) for i in range(race.prompts * iterations)]

@@ -65,11 +65,11 @@ for name in ("vllm", "transformers", "lightning", "peft", "triton"):
         info[name] = f"unavailable ({type(error).__name__}: {str(error)[:120]})"
 print(json.dumps(info))
 EOF
-step imports 90 "$PY" -c "import llm_pg.cli, llm_pg.engines, llm_pg.modules; print('llm_pg imports')"
+step imports 90 "$PY" -c "import llm_pg.cli.fit, llm_pg.engines, llm_pg.modules; print('llm_pg imports')"
 HAS_VLLM=0
 "$PY" -c "import vllm" > /dev/null 2>&1 && HAS_VLLM=1
 
-TINY=(-m llm_pg.cli fit --config configs/tiny/format_copy_grpo.yaml --wandb_project null
+TINY=(-m llm_pg.cli.fit fit --config configs/tiny/format_copy_grpo.yaml --wandb_project null
     --trainer.enable_progress_bar false --overwrite true)
 if ((SMOKE)); then
     ACCEL=(--trainer.accelerator cpu --model.init_args.iterations 6 --model.init_args.eval_every 3)

@@ -191,7 +191,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         parser.error("no GPU here: run with --smoke for the CPU check")
-    from llm_pg.cli import run_cli
+    from llm_pg.cli.fit import run_cli
 
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model_dir or Path(scratch) / "model"

@@ -17,7 +17,7 @@ import time
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-from llm_pg.cli import run_cli
+from llm_pg.cli.fit import run_cli
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ LEVERS: dict[str, list[str]] = {  # name -> the flags that flip the lever away f
     "no_length_grouping": [f"{M}group_by_length=false"],  # only acts where prefix sharing does not
     "no_chunked_head": [f"{M}logprob_chunk_size=0"],  # one LM-head call over all positions
     "compiled_decoding": [f"{M}compile_generation=true"],
-    "no_inplace_kv_cache": [],  # generate's own DynamicCache (llm_pg.decoding.reserved_cache patched out)
+    "no_inplace_kv_cache": [],  # generate's own DynamicCache (llm_pg.models.decoding.reserved_cache patched out)
     "checkpointing": [f"{M}gradient_checkpointing=true"],  # the course's setting
     "threads1": ["--torch_threads=1"],
     "bf16_autocast": [f"{M}dtype=bfloat16"],  # opt-in: 8x slower matmuls on cores without avx512_bf16
@@ -68,10 +68,10 @@ PATCHES = {"no_inplace_kv_cache"}
 def child(lever: str, iterations: int) -> None:
     """One fit in this process; prints the per-iteration figures as JSON."""
     if lever in PATCHES:
-        import llm_pg.generation
+        import llm_pg.models.generation
 
-        llm_pg.generation.reserved_cache = lambda model, cache, max_new_tokens: cache
-    from llm_pg.cli import run_cli
+        llm_pg.models.generation.reserved_cache = lambda model, cache, max_new_tokens: cache
+    from llm_pg.cli.fit import run_cli
 
     flags = LEVERS.get(lever, [])
     threads = [] if any(f.startswith("--torch_threads") for f in flags) else [f"--torch_threads={THREADS}"]

@@ -4,7 +4,8 @@
 
 Samples the course's format_copy rollout shape (8 prompts x 6 completions, up to 24 new tokens, T 0.8, top-p 0.95)
 with the LoRA policy of configs/real_cpu/format_copy_grpo.yaml (r16 on the seven projections), both ways in the same
-process, alternating: `llm_pg.generation.generate` (its `NucleusSampler`, shared prefill, reserved KV cache) and the
+process, alternating: `llm_pg.models.generation.generate` (its `NucleusSampler`, shared prefill, reserved KV
+cache) and the
 same call with transformers' own `do_sample=True, top_p=...` (a full sort of the vocabulary and one exponential draw
 per vocabulary entry at every token). Prints each repetition and the medians; the last line is JSON
 `{"nucleus_s": ..., "transformers_s": ..., "ratio": ...}`. A figure to compare, never an assertion.
@@ -20,9 +21,9 @@ import time
 import torch
 from transformers import LogitsProcessorList
 
-from llm_pg import generation
 from llm_pg.data.tasks import FormatCopyTask
-from llm_pg.models import LoRA, load_policy, load_tokenizer
+from llm_pg.models import generation
+from llm_pg.models.loading import LoRA, load_policy, load_tokenizer
 
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

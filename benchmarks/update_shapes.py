@@ -16,7 +16,7 @@ multiple of 8). The old path is `logprob_chunk_size: 0, group_by_length: false` 
 `old` and `new` draw a LoRA-dropout mask per row (`share_prompt_dropout: false`, the course's draw).
 `--share-prompt-dropout` adds a third side, `new_shared_dropout`: today's defaults (`share_prompt_dropout: true`), so
 the training forwards share each prompt (one LoRA-dropout mask per prompt) through the checkpointed layers
-(`llm_pg.models.PromptCache`); `new` keeps a mask per row, so its training forwards run every row's prompt.
+(`llm_pg.models.cache.PromptCache`); `new` keeps a mask per row, so its training forwards run every row's prompt.
 
 Per phase (pi_old pass, reference pass, update): token positions the decoder processed against the real tokens of
 its rows, wall time, and peak memory. On the CPU memory is the process's resident set (each side in its own
@@ -89,7 +89,7 @@ def make_model(path: str) -> None:
 
 def make_rollout(rows: int, scale: float, seed: int = 0):
     """Group-contiguous rows `[prompt (left-padded) | completion (right-padded)]` of the documented lengths."""
-    from llm_pg.rollout import RolloutBatch
+    from llm_pg.core.rollout import RolloutBatch
 
     g = torch.Generator().manual_seed(seed)
     prompts = [max(1, int(scale * int(torch.randint(100, 401, (1,), generator=g)))) for _ in range(rows // 8)]
@@ -110,7 +110,7 @@ def make_rollout(rows: int, scale: float, seed: int = 0):
         attention[row, prompt_len - p : prompt_len + n] = 1
     mask = attention[:, prompt_len:].bool()
     rewards = (torch.rand(rows, generator=g) < 0.3).float() * 1.3  # the share a 1.5B model solves, a non-1.0 value
-    from llm_pg.losses import group_advantages
+    from llm_pg.core.losses import group_advantages
 
     return RolloutBatch(
         input_ids=ids, attention_mask=attention, completion_mask=mask, rewards=rewards,
@@ -120,7 +120,7 @@ def make_rollout(rows: int, scale: float, seed: int = 0):
 
 
 def build_module(path: str, keys: dict, device: torch.device):
-    from llm_pg.models import LoRA, load_policy
+    from llm_pg.models.loading import LoRA, load_policy
     from llm_pg.modules import GRPOModule
 
     lora = LoRA(r=16, alpha=32, dropout=0.05, target_modules=SEVEN)
@@ -168,7 +168,7 @@ def run_side(side: str, args) -> dict:
             torch.manual_seed(0)
             run_update(module, rollout, torch.Generator().manual_seed(1))
         else:
-            logp = module.frozen_logprobs(rollout, reference=name == "ref_logp")
+            logp = (module.reference_logprobs if name == "ref_logp" else module.old_logprobs)(rollout)
             setattr(rollout, name, logp)
         if device.type == "cuda":
             torch.cuda.synchronize()

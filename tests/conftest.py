@@ -43,7 +43,7 @@ def random_model_dir(tmp_path_factory) -> str:
 def real_model_dir() -> str:
     """SmolLM2-135M-Instruct as `make real-model` prepared it. Skips without it, unless LLM_PG_REQUIRE_REAL=1 (as
     `make test-real` and `make test-vllm` set it): then a missing model fails instead of passing silently."""
-    from llm_pg import real_model
+    from llm_pg.models import real_model
 
     try:
         return str(real_model.prepared_dir())
@@ -94,7 +94,7 @@ def eos_model_dir(random_model_dir, tmp_path_factory) -> str:
 
 def fit(tmp_path: Path, model_dir: str, *overrides: str, config: str = "configs/tiny/format_copy_grpo.yaml"):
     """Run `llm-pg fit` in-process on `model_dir` with small settings; returns the LightningCLI object."""
-    from llm_pg.cli import run_cli
+    from llm_pg.cli.fit import run_cli
 
     args = [
         "fit",

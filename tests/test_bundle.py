@@ -4,7 +4,7 @@ import zipfile
 
 import pytest
 
-from llm_pg.bundle import bundle, main
+from llm_pg.cli.bundle import bundle, main
 
 
 def make_run(root, name, run_name=None, finished=True):

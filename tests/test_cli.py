@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, fit
 
-from llm_pg import real_model
-from llm_pg.cli import LLMPGCLI, run_cli
+from llm_pg.cli.fit import LLMPGCLI, run_cli
 from llm_pg.data.datamodule import PromptGroupDataModule
+from llm_pg.models import real_model
 from llm_pg.modules import PolicyGradientModule
 
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "sweeps" not in p.parts)
@@ -259,8 +259,8 @@ def test_wandb_offline_prints_nothing_of_its_own(tmp_path, monkeypatch, capfd):
     """W&B's banner, sync hint and the `anonymous` warning all stay out; the run's summary gives the sync command."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    from llm_pg.loggers import default_loggers
-    from llm_pg.summary import offline_wandb_dir
+    from llm_pg.cli.summary import offline_wandb_dir
+    from llm_pg.runs.loggers import default_loggers
 
     loggers = default_loggers(str(tmp_path), "run", "llm_pg_test")
     run = loggers[1].experiment
@@ -275,9 +275,9 @@ def test_wandb_offline_prints_nothing_of_its_own(tmp_path, monkeypatch, capfd):
 def test_csv_logger_does_not_warn_on_a_fresh_run_dir_and_other_warnings_still_show(tmp_path):
     import warnings
 
-    from llm_pg.loggers import ResumableCSVLogger
+    from llm_pg.runs.loggers import ResumableCSVLogger
 
-    (tmp_path / ".lock").write_text("1 host\n")  # what `llm_pg.runs.claim` leaves in a fresh run dir
+    (tmp_path / ".lock").write_text("1 host\n")  # what `llm_pg.runs.directory.claim` leaves in a fresh run dir
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ResumableCSVLogger(str(tmp_path)).experiment.log_metrics({"train/reward": 1.3}, step=1)
@@ -338,7 +338,7 @@ def test_validate_a_trained_run_evaluates_its_last_checkpoint(tmp_path, capsys):
 
 
 def test_validate_without_a_checkpoint_to_load_is_one_line(tmp_path):
-    from llm_pg.runs import RunDirError
+    from llm_pg.runs.directory import RunDirError
 
     args = ["validate", f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}", f"--runs_root={tmp_path}"]
     with pytest.raises(RunDirError, match=r"no checkpoint in .* to validate; .*leave out --ckpt_path"):
@@ -349,14 +349,12 @@ def test_validate_without_a_checkpoint_to_load_is_one_line(tmp_path):
 
 def test_the_default_run_name_is_the_same_from_any_working_directory(tmp_path, monkeypatch):
     """`--config config.yaml` from its own folder used to give `_config` (the relative path has no parent name)."""
-    from types import SimpleNamespace
-
-    from llm_pg.cli import _default_run_name
+    from llm_pg.runs.directory import default_run_name
 
     (tmp_path / "mytask").mkdir()
     config = tmp_path / "mytask" / "config.yaml"
     monkeypatch.chdir(tmp_path / "mytask")
-    here = _default_run_name(SimpleNamespace(get=lambda key: ["config.yaml"], seed=0))
+    here = default_run_name("config.yaml", 0)
     monkeypatch.chdir("/")
-    elsewhere = _default_run_name(SimpleNamespace(get=lambda key: [str(config)], seed=2))
+    elsewhere = default_run_name(str(config), 2)
     assert (here, elsewhere) == ("mytask_config", "mytask_config_seed2")

@@ -1,4 +1,4 @@
-"""Compiled decoding (`compile_generation`, `llm_pg.decoding.compiled_forward`): HF generate's decode steps run
+"""Compiled decoding (`compile_generation`, `llm_pg.models.decoding.compiled_forward`): HF generate's decode steps run
 through `torch.compile` over the reserved cache, with eager's logits to float rounding, without recompiling across
 batch sizes and lengths, and the model's own forward untouched outside sampling."""
 
@@ -9,10 +9,11 @@ import torch
 import torch._dynamo
 from transformers import AutoModelForCausalLM
 
-import llm_pg.decoding as decoding
-from llm_pg.decoding import compiled_forward, reserved_cache
-from llm_pg.generation import encode_prompts, generate, prompt_cache
-from llm_pg.models import load_tokenizer, with_kv_cache
+import llm_pg.models.decoding as decoding
+from llm_pg.models.cache import with_kv_cache
+from llm_pg.models.decoding import compiled_forward, reserved_cache
+from llm_pg.models.generation import encode_prompts, generate, prompt_cache
+from llm_pg.models.loading import load_tokenizer
 from llm_pg.modules import GRPOModule
 
 PROMPTS = ["Say 1", "Say digits, as many as you can: 0123456789", "Digits?"]  # three lengths: left padding

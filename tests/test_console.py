@@ -8,9 +8,9 @@ import pytest
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from transformers.utils import logging as hf_logging
 
-from llm_pg.cli import LLMPGCLI, main
-from llm_pg.console import silence_known_noise
-from llm_pg.entry import COMMANDS
+from llm_pg.cli.console import silence_known_noise
+from llm_pg.cli.entry import COMMANDS, main
+from llm_pg.cli.fit import LLMPGCLI
 
 OURS = ["fit", "validate", "sweep", "report", "bundle", "real-model", "pretrain-tiny", "eval-tiny"]
 

@@ -198,7 +198,7 @@ def test_eval_metrics_are_the_first_entrys_exact_match_and_each_entrys_mean(tmp_
 
 
 def test_relative_files_and_patterns_are_found_beside_the_config(tmp_path, monkeypatch):
-    from llm_pg import user_modules
+    from llm_pg.data import user_code
 
     (tmp_path / "exp" / "parts").mkdir(parents=True)
     (tmp_path / "run").mkdir()
@@ -206,7 +206,7 @@ def test_relative_files_and_patterns_are_found_beside_the_config(tmp_path, monke
     write_jsonl(tmp_path / "exp" / "parts" / "b.jsonl", ROWS[4:8])
     write_jsonl(tmp_path / "exp" / "test.jsonl", ROWS[8:10])
     monkeypatch.chdir(tmp_path / "run")
-    monkeypatch.setattr(user_modules, "_lookup_dirs", [str(tmp_path / "exp"), str(tmp_path / "run")])
+    monkeypatch.setattr(user_code, "_lookup_dirs", [str(tmp_path / "exp"), str(tmp_path / "run")])
     files = {"train": "parts/*.jsonl", "test": "test.jsonl"}
     task = DatasetTask(data_files=files, eval_split="test", prompt_column="question", eval_size=2)
     assert sorted(e.fields["id"] for e in task.train_examples) == list(range(8))

@@ -19,6 +19,7 @@ from conftest import ROOT, fit
 from lightning.pytorch.callbacks import Callback
 from transformers import AutoModelForCausalLM
 
+from llm_pg.callbacks.rollout import ScoredRollout
 from llm_pg.modules import GRPOModule
 
 TOKENS = 6
@@ -44,7 +45,7 @@ class RolloutRecorder(Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         out = Path(trainer.default_root_dir) / "rollouts" / f"iter{batch['index']}_rank{trainer.global_rank}.pt"
         out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"rollout": batch["rollout"].to("cpu"), "examples": batch["examples"]}, out)
+        torch.save({"rollout": batch["rollout"].rows.to("cpu"), "examples": batch["examples"]}, out)
 
 
 class RecordingGRPO(GRPOModule):
@@ -116,10 +117,9 @@ class ReplayRollouts(Callback):
         parts = [torch.load(folder / f"iter{batch['index']}_rank{r}.pt", weights_only=False) for r in (0, 1)]
         rollout, examples = merge(parts)
         assert [e.prompt for e in batch["examples"]] == [e.prompt for e in examples]  # rank 0's then rank 1's
-        rollout.old_logp = module.frozen_logprobs(rollout, reference=False)
-        rollout.ref_logp = module.frozen_logprobs(rollout, reference=True)
-        batch["rollout"] = rollout
-        batch["rollout_metrics"] = {"train/reward": float(rollout.rewards.mean())}
+        rollout.old_logp = module.old_logprobs(rollout)
+        rollout.ref_logp = module.reference_logprobs(rollout)
+        batch["rollout"] = ScoredRollout(rollout, [], {"train/reward": float(rollout.rewards.mean())})
 
 
 class ReplayGRPO(GRPOModule):
@@ -142,7 +142,7 @@ def test_ddp_equals_one_process_over_the_same_rows(tmp_path, random_model_dir, m
     command = [
         sys.executable,
         "-m",
-        "llm_pg.cli",
+        "llm_pg.cli.fit",
         "fit",
         f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}",
         "--model.class_path=test_ddp.RecordingGRPO",

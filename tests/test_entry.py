@@ -11,12 +11,12 @@ import pytest
 from conftest import ROOT
 from jsonargparse import ArgumentParser
 
-from llm_pg import cli
 from llm_pg.callbacks import IterationCheckpoint
+from llm_pg.cli import fit as cli
+from llm_pg.cli.entry import COMMANDS, SUBCOMMAND_HINT, main
 from llm_pg.data import tasks
 from llm_pg.data.datamodule import PromptGroupDataModule
 from llm_pg.data.tasks import Task
-from llm_pg.entry import COMMANDS, SUBCOMMAND_HINT, main
 from llm_pg.modules import GRPOModule, ReinforceModule
 
 HEAVY = ("torch", "lightning", "transformers", "matplotlib")
@@ -24,7 +24,7 @@ LIGHT = [["--help"], *([name, "--help"] for name, (_, module) in COMMANDS.items(
 
 PROBE = """
 import json, sys
-from llm_pg.entry import main
+from llm_pg.cli.entry import main
 try:
     main({words!r})
 except SystemExit as stop:
@@ -45,12 +45,12 @@ def test_help_of_the_script_and_its_own_commands_loads_no_torch_or_lightning(wor
 
 def test_the_console_script_is_the_light_entry_point():
     scripts = re.search(r"\[project\.scripts\]\s*\nllm-pg = \"([^\"]+)\"", (ROOT / "pyproject.toml").read_text())
-    assert scripts and scripts.group(1) == "llm_pg.entry:main"
+    assert scripts and scripts.group(1) == "llm_pg.cli.entry:main"
 
 
 def test_the_entry_module_imports_only_the_standard_library():
     imported = re.findall(r"^(?:from|import) (\S+)", inspect.getsource(sys.modules[main.__module__]), re.M)
-    assert set(imported) <= {"__future__", "importlib", "sys", "collections.abc"}  # llm_pg.cli only inside main
+    assert set(imported) <= {"__future__", "importlib", "sys", "collections.abc"}  # llm_pg.cli.fit only inside main
 
 
 def test_fit_help_says_first_how_to_see_the_rl_keys(capsys, monkeypatch):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_pg import user_modules
+from llm_pg.data import user_code
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CONFIGS = sorted(EXAMPLES.glob("*/config.yaml"))
@@ -28,11 +28,11 @@ def test_every_example_is_listed():
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.parent.name for c in CONFIGS])
 def test_example_trains_two_iterations(config, tmp_path, monkeypatch):
-    from llm_pg.cli import main
+    from llm_pg.cli.fit import main
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
-    monkeypatch.setattr(user_modules, "_lookup_dirs", [])
+    monkeypatch.setattr(user_code, "_lookup_dirs", [])
     monkeypatch.delenv("PYTHONPATH", raising=False)
     monkeypatch.chdir(tmp_path)
     main(

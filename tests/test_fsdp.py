@@ -1,4 +1,4 @@
-"""FSDP2 (`--trainer.strategy fsdp2`, `llm_pg.strategies.FSDP2`) on two CPU processes (gloo) against one process.
+"""FSDP2 (`--trainer.strategy fsdp2`, `llm_pg.models.parallel.FSDP2`) on two CPU processes (gloo) against one process.
 
 As in tests/test_ddp.py, each rank samples 2 prompts x 4 completions of a fixed length, and one process replays the
 16 rows both ranks sampled (`test_ddp.ReplayGRPO`, one micro-batch of 16): the same mean gradient, so the weights
@@ -40,7 +40,7 @@ def fit_command(tmp_path: Path, model_dir: str, run_name: str, *extra: str) -> l
     return [
         sys.executable,
         "-m",
-        "llm_pg.cli",
+        "llm_pg.cli.fit",
         "fit",
         f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}",
         "--model.class_path=test_fsdp.RecordingFSDP",
@@ -128,7 +128,7 @@ class RecordingFSDP(GRPOModule):
         from torch.distributed.fsdp import FSDPModule
 
         from llm_pg.engines import HFEngine
-        from llm_pg.generation import generate
+        from llm_pg.models.generation import generate
 
         prompt = [[{"role": "user", "content": f"Say digits {self.global_rank}"}]]
         settings = {"greedy": True, "max_new_tokens": GEN_TOKENS, "min_new_tokens": GEN_TOKENS}
@@ -147,7 +147,7 @@ class RecordingFSDP(GRPOModule):
 
     def on_train_end(self) -> None:
         super().on_train_end()  # writes final/: a collective gather of the full weights
-        from llm_pg.strategies import full_state_dict
+        from llm_pg.models.parallel import full_state_dict
 
         weights = full_state_dict(self.policy)  # collective: every rank
         out = Path(self.trainer.default_root_dir)

@@ -1,8 +1,8 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from llm_pg.generation import encode_prompts, generate
-from llm_pg.models import TINY_MODEL, load_tokenizer
+from llm_pg.models.generation import encode_prompts, generate
+from llm_pg.models.loading import TINY_MODEL, load_tokenizer
 
 PROMPTS = [[{"role": "user", "content": text}] for text in ["Copy: 7", "Copy: -123456", "12+7=?", "Copy: 999"]]
 

@@ -1,4 +1,4 @@
-"""A run that goes bad stops, in one line, and is never marked complete (llm_pg/guards.py): divergence (every step
+"""A run that goes bad stops, in one line, and is never marked complete (llm_pg/runs/guards.py): divergence (every step
 skipped as non-finite for `max_skipped_iterations` iterations, or a non-finite weight) and rewards that are not
 finite numbers or raise. Checkpoint rotation keeps the last healthy copy."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import ROOT, SMALL, DigitTask, fit
 
-from llm_pg.cli import main
+from llm_pg.cli.fit import main
 from llm_pg.data.tasks.base import Example, Score
-from llm_pg.guards import DivergenceGuard, RunStopped
+from llm_pg.runs.guards import DivergenceGuard, RunStopped
 
 DIGITS = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
 

@@ -15,7 +15,8 @@ try:
 except ImportError:  # Python 3.10: pytest brings the backport
     import tomli as tomllib
 
-from llm_pg.models import CACHE_NAME, activation_checkpointing, enable_activation_checkpointing, kv_cache, load_policy
+from llm_pg.models.cache import CACHE_NAME, activation_checkpointing, enable_activation_checkpointing, kv_cache
+from llm_pg.models.loading import load_policy
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]

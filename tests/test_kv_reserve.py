@@ -1,4 +1,4 @@
-"""The reserved KV cache of HF sampling (`llm_pg.decoding.ReservedLayer`): the keys and values of transformers'
+"""The reserved KV cache of HF sampling (`llm_pg.models.decoding.ReservedLayer`): the keys and values of transformers'
 concatenating `DynamicLayer`, written in place into buffers allocated once, so sampling draws the same tokens."""
 
 import pytest
@@ -6,10 +6,10 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicLayer
 
-import llm_pg.generation as generation
-from llm_pg.decoding import ReservedLayer
-from llm_pg.generation import generate
-from llm_pg.models import load_tokenizer
+import llm_pg.models.generation as generation
+from llm_pg.models.decoding import ReservedLayer
+from llm_pg.models.generation import generate
+from llm_pg.models.loading import load_tokenizer
 
 PROMPTS = ["Say 1", "Say digits, as many as you can: 0123456789", "Digits?"]  # three lengths: left padding
 

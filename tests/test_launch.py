@@ -15,10 +15,9 @@ import modal
 import pytest
 import yaml
 from conftest import ROOT
-from jsonargparse import Namespace
 
-from llm_pg import modal_support
-from llm_pg.sweep import expand
+from llm_pg.cli import modal_support
+from llm_pg.cli.sweep import expand
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +30,10 @@ def launch():
 
 def print_config(argv: list[str], capsys, monkeypatch) -> dict:
     """What `llm-pg fit` makes of a command line, parsed by the real CLI (nothing is instantiated)."""
-    from llm_pg.cli import run_cli
+    from llm_pg.cli.fit import run_cli
 
     monkeypatch.setattr(sys, "argv", ["llm-pg"])
-    assert argv[1:4] == ["-m", "llm_pg.cli", "fit"]
+    assert argv[1:4] == ["-m", "llm_pg.cli.fit", "fit"]
     args = [str(ROOT / a) if a.startswith("configs/") else a for a in argv[4:]]
     with pytest.raises(SystemExit) as exit_info:
         run_cli(["fit", *args, "--print_config"])
@@ -119,11 +118,10 @@ def test_resumed_multi_gpu_command_adds_last_checkpoint_and_ddp(launch, capsys, 
 
 
 def test_default_run_name_matches_the_cli(launch):
-    from llm_pg.cli import _default_run_name
+    from llm_pg.runs.directory import default_run_name
 
-    for config, seed in [("configs/math_hard/grpo.yaml", 0), ("configs/tiny/format_copy_grpo.yaml", 3)]:
-        expected = _default_run_name(Namespace(config=[ROOT / config], seed=seed))
-        assert launch.default_run_name(config, seed) == expected
+    assert launch.default_run_name is default_run_name  # one function: what `llm-pg fit` names a run without one
+    assert launch.default_run_name("configs/tiny/format_copy_grpo.yaml", 3) == "tiny_format_copy_grpo_seed3"
     assert launch.default_run_name("configs/math_hard/grpo.yaml", 1) == "math_hard_grpo_seed1"
 
 
@@ -202,8 +200,8 @@ def test_no_secret_lookup_without_credentials(launch, monkeypatch):
 
 def test_an_interrupted_launch_stops_training_and_still_commits(launch, tmp_path, monkeypatch):
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
-    monkeypatch.setattr("llm_pg.modal_support.fit_command", lambda *args: sleeper)
-    monkeypatch.setattr("llm_pg.modal_support.COMMIT_EVERY_S", 0.2)
+    monkeypatch.setattr("llm_pg.cli.modal_support.fit_command", lambda *args: sleeper)
+    monkeypatch.setattr("llm_pg.cli.modal_support.COMMIT_EVERY_S", 0.2)
     commits = []
 
     def commit():  # the first periodic commit is where the interrupt (a preemption's SIGINT) lands
@@ -223,8 +221,8 @@ def test_an_interrupted_launch_stops_training_and_still_commits(launch, tmp_path
 def test_sigterm_to_the_launcher_stops_training_and_commits(launch, tmp_path, monkeypatch):
     """A preemption's SIGTERM reaches the launcher: it must stop the training group and still commit."""
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
-    monkeypatch.setattr("llm_pg.modal_support.fit_command", lambda *args: sleeper)
-    monkeypatch.setattr("llm_pg.modal_support.POLL_S", 0.1)
+    monkeypatch.setattr("llm_pg.cli.modal_support.fit_command", lambda *args: sleeper)
+    monkeypatch.setattr("llm_pg.cli.modal_support.POLL_S", 0.1)
     started, commits = [], []
     spawn = lambda *a, **k: started.append(Popen(*a, **k)) or started[-1]  # noqa: E731
     monkeypatch.setattr(modal_support.subprocess, "Popen", spawn)
@@ -243,9 +241,9 @@ def test_the_volume_is_committed_soon_after_each_new_checkpoint(launch, tmp_path
     marker.parent.mkdir(parents=True)
     writer = [sys.executable, "-c", f"import time, pathlib\nfor i in range(3):\n    time.sleep(0.4)\n"
               f"    pathlib.Path({str(marker)!r}).write_text(str(i))\ntime.sleep(0.4)"]  # fmt: skip
-    monkeypatch.setattr("llm_pg.modal_support.fit_command", lambda *args: writer)
-    monkeypatch.setattr("llm_pg.modal_support.POLL_S", 0.05)
-    monkeypatch.setattr("llm_pg.modal_support.COMMIT_MIN_S", 0.0)
+    monkeypatch.setattr("llm_pg.cli.modal_support.fit_command", lambda *args: writer)
+    monkeypatch.setattr("llm_pg.cli.modal_support.POLL_S", 0.05)
+    monkeypatch.setattr("llm_pg.cli.modal_support.COMMIT_MIN_S", 0.0)
     commits = []
     status = launch.run_fit("c.yaml", {}, "fc", runs_root=str(tmp_path), cwd=tmp_path, commit=lambda: commits.append(1))
     assert status == "finished"

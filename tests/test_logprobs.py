@@ -43,8 +43,8 @@ def end_some_rows_early(module, rollout):
         rollout.input_ids[row, rollout.prompt_len + column + 1 :] = module.tokenizer.pad_token_id
         rollout.completion_mask[row, column + 1 :] = False
         rollout.attention_mask[row, rollout.prompt_len + column + 1 :] = 0
-    rollout.old_logp = module.frozen_logprobs(rollout, reference=False)
-    rollout.ref_logp = module.frozen_logprobs(rollout, reference=True)
+    rollout.old_logp = module.old_logprobs(rollout)
+    rollout.ref_logp = module.reference_logprobs(rollout)
     return rollout
 
 
@@ -63,14 +63,14 @@ def test_padded_batch_logprobs_equal_each_row_alone(random_model_dir, logprob_te
     )
     module.configure_model()
     rollout = end_some_rows_early(
-        module, sample_rollout(module, [Example(prompt=p, answer="") for p in PROMPTS])["rollout"]
+        module, sample_rollout(module, [Example(prompt=p, answer="") for p in PROMPTS])["rollout"].rows
     )
     pads = (rollout.attention_mask[:, : rollout.prompt_len] == 0).sum(1)
     assert len(set(pads.tolist())) == 3  # three padding widths: the test means something
     lengths = rollout.completion_mask.sum(1)
     assert lengths.min() < lengths.max()  # completions end at different places (EOS, then right padding)
     module.policy.train()  # dropout is 0: train mode must score as eval mode does
-    logp, _ = module.sequence_logprobs(module.policy, rollout)
+    logp, _ = module.completion_logprobs(module.policy, rollout)
     for row in range(len(rollout)):
         expected = alone_logprobs(module.policy, rollout, row, expected_t)
         mask = rollout.completion_mask[row]

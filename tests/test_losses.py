@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from llm_pg.losses import (
+from llm_pg.core.losses import (
     advantages,
     aggregate,
     approx_kl,

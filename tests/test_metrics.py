@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from llm_pg.callbacks.rollout import RolloutCallback, apply_variants, rollout_metrics
+from llm_pg.core.losses import grpo_loss, reinforce_loss
+from llm_pg.core.rollout import RolloutBatch
 from llm_pg.data.tasks.base import Score
-from llm_pg.losses import grpo_loss, reinforce_loss
-from llm_pg.rollout import RolloutBatch
 
 EOS = 2
 COMPLETIONS = [  # [N=6, C=4], two groups of three; 0 pads after the EOS

@@ -4,7 +4,7 @@ import huggingface_hub
 import pytest
 from huggingface_hub import constants
 
-from llm_pg.models import check_hub_model, load_policy, load_tokenizer
+from llm_pg.models.loading import check_hub_model, load_policy, load_tokenizer
 
 
 def test_uncached_hub_id_offline_fails_before_any_request(monkeypatch):

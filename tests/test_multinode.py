@@ -1,5 +1,5 @@
 """Multi-node wiring: two local "nodes" of one CPU process each, started with the variables a Modal cluster run sets
-(`llm_pg.modal_support.cluster_env`: MASTER_ADDR = the first container's IP, a fixed MASTER_PORT, NODE_RANK = the
+(`llm_pg.cli.modal_support.cluster_env`: MASTER_ADDR = the first container's IP, a fixed MASTER_PORT, NODE_RANK = the
 container's rank) and `--trainer.num_nodes 2 --trainer.devices 1`, train under FSDP2 exactly as one process does
 over the rows both sampled (tests/test_fsdp.py builds the comparison)."""
 
@@ -9,7 +9,7 @@ import socket
 import pytest
 from test_fsdp import assert_matches_one_process, fit_command, replay_one_process, run_processes
 
-from llm_pg.modal_support import cluster_env
+from llm_pg.cli.modal_support import cluster_env
 
 
 def free_port(host: str) -> int:

@@ -38,7 +38,7 @@ def test_full_finetuning_in_bf16_moves_every_weight(tmp_path, random_model_dir):
 
 
 def test_lora_in_bf16_keeps_base_in_bf16_and_adapter_in_float32(random_model_dir):
-    from llm_pg.models import LoRA
+    from llm_pg.models.loading import LoRA
 
     module = GRPOModule(model_name_or_path=random_model_dir, dtype="bfloat16", lora=LoRA(r=4, alpha=8))
     module.configure_model()

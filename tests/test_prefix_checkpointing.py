@@ -14,8 +14,9 @@ from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from llm_pg.chunked_logprobs import chunked_target_logprobs
-from llm_pg.models import cache_survives_checkpointing, enable_activation_checkpointing, load_tokenizer
+from llm_pg.core.chunked_logprobs import chunked_target_logprobs
+from llm_pg.models.cache import cache_survives_checkpointing, enable_activation_checkpointing
+from llm_pg.models.loading import load_tokenizer
 from llm_pg.modules import logprobs
 from llm_pg.modules.logprobs import completion_hidden, completion_logits, prefix_sharing_in_graph, shares_prefix
 

@@ -11,11 +11,11 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from llm_pg.generation import encode_prompts
-from llm_pg.losses import completion_mask
+from llm_pg.core.losses import completion_mask, split_token_counts
+from llm_pg.core.rollout import RolloutBatch
+from llm_pg.models.generation import encode_prompts
 from llm_pg.modules import update
 from llm_pg.modules.logprobs import completion_logits, distinct_prompts, shares_prefix
-from llm_pg.rollout import RolloutBatch
 
 PROMPTS = ["Say 1", "Say digits, as many as you can: 0123456789", "Digits?"]
 GROUP = 4
@@ -49,7 +49,7 @@ def grouped_rollout(model, tokenizer, group: int = GROUP, width: int = 7) -> Rol
 
 @pytest.fixture(params=["llama", "qwen2"])
 def model_and_tokenizer(request, random_model_dir, qwen_model_dir):
-    from llm_pg.models import load_tokenizer
+    from llm_pg.models.loading import load_tokenizer
 
     path = random_model_dir if request.param == "llama" else qwen_model_dir
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -102,7 +102,7 @@ def test_shared_gradients_equal_the_plain_forward(model_and_tokenizer):
 
 
 def test_lora_policy_and_its_disabled_adapter_share_exactly(random_model_dir):
-    from llm_pg.models import load_tokenizer
+    from llm_pg.models.loading import load_tokenizer
 
     base = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
     model = get_peft_model(
@@ -122,7 +122,7 @@ def test_lora_policy_and_its_disabled_adapter_share_exactly(random_model_dir):
 
 
 def test_sharing_stays_off_where_it_would_not_be_exact_or_would_not_pay(random_model_dir):
-    from llm_pg.models import load_tokenizer
+    from llm_pg.models.loading import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
     tokenizer = load_tokenizer(random_model_dir)
@@ -201,7 +201,7 @@ def test_grouped_forwards_with_split_token_counts_make_the_shuffled_splits_step(
     # statistics) of the shuffled split equals that of forwards over rows in rollout order once each row's token
     # means divide by its own micro-batch's tokens (split_tokens). Without split_tokens the KL mean of the
     # forward's rows weighs them otherwise, and the step differs.
-    from llm_pg.losses import grpo_loss
+    from llm_pg.core.losses import grpo_loss
 
     torch.manual_seed(0)
     logp = (torch.randn(8, 6) - 2).requires_grad_()
@@ -225,7 +225,7 @@ def test_grouped_forwards_with_split_token_counts_make_the_shuffled_splits_step(
         return logp.grad.clone(), totals
 
     reference, reference_stats = step(shuffled, None)
-    grouped, grouped_stats = step(in_order, update.split_token_counts(mask, shuffled))
+    grouped, grouped_stats = step(in_order, split_token_counts(mask, shuffled))
     torch.testing.assert_close(grouped, reference)
     assert grouped_stats == pytest.approx(reference_stats, rel=1e-6)
     assert reference_stats["kl"] > 1e-3 and reference_stats["clip_fraction"] > 0  # statistics that mean something
@@ -270,7 +270,7 @@ def test_a_run_with_sharing_trains_like_one_without(tmp_path, eos_model_dir, mon
 
 @pytest.mark.parametrize("greedy", [False, True])
 def test_generation_prefills_each_prompt_once_and_samples_the_same_tokens(model_and_tokenizer, greedy):
-    from llm_pg.generation import generate
+    from llm_pg.models.generation import generate
 
     model, tokenizer = model_and_tokenizer
     conversations = [[{"role": "user", "content": p}] for p in PROMPTS]  # three prompt lengths: left padding
@@ -290,8 +290,8 @@ def test_generation_prefills_each_prompt_once_and_samples_the_same_tokens(model_
 def test_a_checkpoint_that_names_its_cache_samples_without_sharing(random_model_dir):
     # transformers refuses a cache passed to generate() beside a `cache_implementation` (Gemma 3 ships "hybrid"):
     # such a model prefills every row itself, and sampling still works.
-    from llm_pg.generation import generate
-    from llm_pg.models import load_tokenizer
+    from llm_pg.models.generation import generate
+    from llm_pg.models.loading import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
     model.generation_config.cache_implementation = "static"

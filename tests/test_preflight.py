@@ -1,5 +1,5 @@
 """Every error before training is one line naming the key or file, exit 2, before the run dir is touched
-(llm_pg/cli.py `_preflight`, `instantiate_trainer`; llm_pg/callbacks/checkpoint.py `usable`)."""
+(llm_pg/cli/fit.py `_preflight`, `instantiate_trainer`; llm_pg/callbacks/checkpoint.py `usable`)."""
 
 import os
 import sys
@@ -9,7 +9,7 @@ import torch
 from conftest import ROOT, fit
 
 from llm_pg.callbacks.checkpoint import atomic_save, newest_verified
-from llm_pg.cli import main
+from llm_pg.cli.fit import main
 
 TINY = f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}"
 MATH = [f"--config={ROOT / 'configs/math_hard/grpo.yaml'}", "--model.init_args.model_name_or_path=tiny"]

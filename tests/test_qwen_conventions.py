@@ -19,9 +19,9 @@ from lightning.pytorch.callbacks import Callback
 from make_qwen_fixture import DEFAULT_SYSTEM_PROMPT, ENDOFTEXT, IM_END, MODEL_VOCAB_SIZE, TOKENIZER_SIZE
 from transformers import LogitsProcessorList
 
-from llm_pg.generation import encode_prompts, eos_token_ids, generate
-from llm_pg.models import load_tokenizer
-from llm_pg.sampling import NucleusSampler
+from llm_pg.models.generation import encode_prompts, eos_token_ids, generate
+from llm_pg.models.loading import load_tokenizer
+from llm_pg.models.sampling import NucleusSampler
 
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 MATH_SAMPLE = ROOT / "tests" / "fixtures" / "math_sample"
@@ -35,12 +35,12 @@ class RolloutRecorder(Callback):
         self.rollouts = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        self.rollouts.append(batch["rollout"].to("cpu"))
+        self.rollouts.append(batch["rollout"].rows.to("cpu"))
 
 
 def fit_real_config(tmp_path: Path, model_dir: str, config: str, *overrides: str):
     """`llm-pg fit --config configs/<config>` for 2 iterations on the fixture; returns the CLI and the rollouts."""
-    from llm_pg.cli import run_cli
+    from llm_pg.cli.fit import run_cli
 
     args = [
         "fit",
@@ -139,7 +139,7 @@ def _prompt(tokenizer, num_samples: int) -> dict[str, torch.Tensor]:
 
 
 def test_sampling_overrides_the_generation_config(qwen_model_dir):
-    """Our sampling = HF generate running the nucleus sampler (`llm_pg.sampling`) at the run's T/top-p, with
+    """Our sampling = HF generate running the nucleus sampler (`llm_pg.models.sampling`) at the run's T/top-p, with
     repetition_penalty 1.0 said explicitly; the config's top_k 20 cannot apply (no sampling warpers run: the sampler
     draws, generate takes its argmax)."""
     tokenizer, model = load_tokenizer(qwen_model_dir), load_base(qwen_model_dir)

@@ -19,13 +19,14 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llm_pg import real_model
+from llm_pg.core.losses import completion_mask
+from llm_pg.core.rollout import RolloutBatch
 from llm_pg.data.tasks import FormatCopyTask
-from llm_pg.generation import encode_prompts, eos_token_ids, generate
-from llm_pg.losses import completion_mask
-from llm_pg.models import enable_activation_checkpointing, load_tokenizer
-from llm_pg.modules.logprobs import frozen_logprobs, sequence_logprobs
-from llm_pg.rollout import RolloutBatch
+from llm_pg.models import real_model
+from llm_pg.models.cache import enable_activation_checkpointing
+from llm_pg.models.generation import encode_prompts, eos_token_ids, generate
+from llm_pg.models.loading import load_tokenizer
+from llm_pg.modules.logprobs import completion_logprobs, no_grad_logprobs
 
 pytestmark = pytest.mark.real
 
@@ -102,7 +103,7 @@ def plain_logprobs(model, rollout: RolloutBatch) -> list[torch.Tensor]:
 
 
 def trainer_view(chunk: int, share: bool):
-    """The module attributes `sequence_logprobs` reads."""
+    """The module attributes `completion_logprobs` reads."""
     hparams = SimpleNamespace(logprob_chunk_size=chunk, share_prompt_prefix=share, share_prompt_dropout=False)
     return SimpleNamespace(logprob_temperature=1.0, hparams=hparams, autocast=nullcontext, uses_lora=True)
 
@@ -130,7 +131,7 @@ def test_the_prepared_model_is_the_recorded_smollm2(model_dir, tokenizer):
 
 
 def test_a_missing_cache_is_one_line_giving_the_command(tmp_path, monkeypatch):
-    from llm_pg.models import resolve_model_path
+    from llm_pg.models.loading import resolve_model_path
 
     monkeypatch.setenv("LLM_PG_CACHE", str(tmp_path))
     with pytest.raises(ValueError, match=r"not prepared.*make real-model") as err:
@@ -178,7 +179,7 @@ def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(policy_and_roll
     module.policy, module.reference = policy, None
     module.hparams.logprob_batch_size = 4  # three micro-batches of the nine rows
     off = policy.disable_adapter() if adapter == "off" else nullcontext()
-    logp = frozen_logprobs(module, rollout, reference=adapter == "off")  # [N, C]
+    logp = no_grad_logprobs(module, rollout, reference=adapter == "off")  # [N, C]
     with torch.no_grad(), off:
         policy.eval()
         expected = plain_logprobs(policy, rollout)
@@ -202,7 +203,7 @@ def test_training_logprob_paths_equal_a_plain_forward_with_its_gradient(
     policy.train()
     weights = torch.linspace(0.5, 1.5, rollout.completion_mask.shape[1])  # [C]: a loss that weighs every position
     lora = [p for p in policy.parameters() if p.requires_grad]
-    logp, _ = sequence_logprobs(trainer_view(chunk, share), policy, rollout)  # [N, C]
+    logp, _ = completion_logprobs(trainer_view(chunk, share), policy, rollout)  # [N, C]
     (logp * rollout.completion_mask * weights).sum().backward()
     grad = torch.cat([p.grad.reshape(-1) for p in lora])
     policy.zero_grad()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from llm_pg import real_model
+from llm_pg.models import real_model
 
 
 def test_a_foreign_directory_at_the_cache_path_is_refused_and_left_alone(tmp_path, monkeypatch, capsys):

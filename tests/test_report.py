@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import ROOT, SMALL
 
-from llm_pg import report, sweep
+from llm_pg.cli import report, sweep
 
 
 def write_csv(path, rows: list[dict]) -> None:

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from llm_pg.rollout import RolloutBatch
+from llm_pg.core.rollout import RolloutBatch
 
 
 def _batch(n: int = 6, prompt_len: int = 2, completion_len: int = 3) -> RolloutBatch:
@@ -79,8 +79,8 @@ def test_misaligned_fields_are_rejected():
 
 def test_frac_zero_std_groups_counts_settled_groups_with_real_reward_values():
     from llm_pg.callbacks.rollout import rollout_metrics
+    from llm_pg.core.losses import group_advantages
     from llm_pg.data.tasks.base import Score
-    from llm_pg.losses import group_advantages
 
     # Three groups of 6: settled at 1.3 but one reward an ulp above the others (the same total summed in
     # another order), settled at 0.2, informative. The old test `std == 0` missed the first: the same

@@ -1,5 +1,5 @@
-"""Logs are written like checkpoints, and nothing a run trained is ever deleted (llm_pg/run_logs.py,
-llm_pg/loggers.py, the CLI's refusal to start afresh over a trained run)."""
+"""Logs are written like checkpoints, and nothing a run trained is ever deleted (llm_pg/runs/logs.py,
+llm_pg/runs/loggers.py, the CLI's refusal to start afresh over a trained run)."""
 
 import errno
 import sys
@@ -7,10 +7,10 @@ import sys
 import pytest
 from conftest import ROOT, SMALL
 
-from llm_pg.cli import main, run_cli
-from llm_pg.loggers import ResumableCSVLogger
-from llm_pg.run_logs import trim_logs
-from llm_pg.runs import trained_contents
+from llm_pg.cli.fit import main, run_cli
+from llm_pg.runs.directory import trained_contents
+from llm_pg.runs.loggers import ResumableCSVLogger
+from llm_pg.runs.logs import trim_logs
 
 DIGITS = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
 ROWS = "eval/exact_match,step,train/reward\r\n0.25,0,\r\n,1,0.5\r\n,2,0.75\r\n"
@@ -41,18 +41,18 @@ def test_a_resumed_logger_never_deletes_or_rewrites_metrics_csv(tmp_path, monkey
 
 def test_a_full_disk_during_a_header_rewrite_leaves_the_old_metrics_whole(tmp_path, monkeypatch):
     """A new column makes the writer rewrite the file: a full disk at that exact write keeps the old file."""
-    import llm_pg.runs
+    import llm_pg.runs.directory
 
     (tmp_path / "metrics.csv").write_bytes(ROWS.encode())
     writer = ResumableCSVLogger(str(tmp_path)).experiment
     writer.log_metrics({"train/kl": 0.01}, step=3)  # a column the file does not have yet
-    real_fsync = llm_pg.runs.os.fsync
-    monkeypatch.setattr(llm_pg.runs.os, "fsync", full_disk)
+    real_fsync = llm_pg.runs.directory.os.fsync
+    monkeypatch.setattr(llm_pg.runs.directory.os, "fsync", full_disk)
     with pytest.raises(OSError, match="No space left"):
         writer.save()
     assert (tmp_path / "metrics.csv").read_bytes() == ROWS.encode()
     assert not list(tmp_path.glob(".metrics.csv.tmp-*"))
-    monkeypatch.setattr(llm_pg.runs.os, "fsync", real_fsync)
+    monkeypatch.setattr(llm_pg.runs.directory.os, "fsync", real_fsync)
     writer.metrics = [{"train/kl": 0.01, "step": 3}]
     writer.save()
     text = (tmp_path / "metrics.csv").read_bytes().decode()
@@ -61,10 +61,10 @@ def test_a_full_disk_during_a_header_rewrite_leaves_the_old_metrics_whole(tmp_pa
 
 
 def test_a_full_disk_during_a_trim_leaves_the_old_metrics_whole(tmp_path, monkeypatch):
-    import llm_pg.runs
+    import llm_pg.runs.directory
 
     (tmp_path / "metrics.csv").write_bytes(ROWS.encode())
-    monkeypatch.setattr(llm_pg.runs.os, "fsync", full_disk)
+    monkeypatch.setattr(llm_pg.runs.directory.os, "fsync", full_disk)
     with pytest.raises(OSError):
         trim_logs(tmp_path, 1)
     assert (tmp_path / "metrics.csv").read_bytes() == ROWS.encode()
@@ -153,7 +153,7 @@ def test_the_first_save_counts_the_runs_own_cadence(tmp_path):
     when the resume gives the default cadence (found in review)."""
     from types import SimpleNamespace
 
-    from llm_pg.cli import _first_save
+    from llm_pg.cli.fit import _first_save
 
     (tmp_path / "config.yaml").write_text("checkpoint:\n  every_n_iterations: 10\n  last_every_n_iterations: 5\n")
     assert _first_save(SimpleNamespace(last_every_n_iterations=1, every_n_iterations=10), tmp_path) == 5

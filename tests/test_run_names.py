@@ -1,5 +1,5 @@
-"""Run names are names (llm_pg/runs.py `run_directory`, `claim`): nothing outside the runs root, nor another run, is
-ever created, moved or deleted, whatever `--run_name` / `--runs_root` a user types."""
+"""Run names are names (llm_pg/runs/directory.py `run_directory`, `claim`): nothing outside the runs root, nor
+another run, is ever created, moved or deleted, whatever `--run_name` / `--runs_root` a user types."""
 
 import os
 import sys
@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import ROOT
 
-from llm_pg.cli import main
-from llm_pg.runs import RunDirError, claim, run_directory
+from llm_pg.cli.fit import main
+from llm_pg.runs.directory import RunDirError, claim, run_directory
 
 CONFIG = f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}"
 
@@ -114,7 +114,7 @@ def test_overwrite_is_one_rename_of_the_run_dir_and_nothing_else(tmp_path):
 
 def test_a_kill_at_the_rename_leaves_the_whole_old_run_on_one_side(tmp_path, monkeypatch):
     """Fault injected at the exact step: the process dies as the rename is attempted (before and after it)."""
-    import llm_pg.runs as runs
+    import llm_pg.runs.directory as runs
 
     run = tmp_path / "run"
     (run / "final").mkdir(parents=True)
@@ -158,7 +158,7 @@ def test_a_run_dir_whose_files_are_links_is_refused(tmp_path, name):
 
 
 def test_the_lock_never_writes_through_a_link(tmp_path):
-    from llm_pg.runs import RunLock
+    from llm_pg.runs.directory import RunLock
 
     (tmp_path / "precious.txt").write_text("keep\n")
     (tmp_path / "run").mkdir()

@@ -1,5 +1,5 @@
 """Run safety end to end on a random two-layer model: owned run dirs, signals, config checks on resume, one-line
-errors and logs that replay cleanly (llm_pg/runs.py, llm_pg/cli.py, llm_pg/callbacks/checkpoint.py)."""
+errors and logs that replay cleanly (llm_pg/runs/directory.py, llm_pg/cli/fit.py, llm_pg/callbacks/checkpoint.py)."""
 
 import csv
 import json
@@ -15,10 +15,10 @@ import torch
 from conftest import ROOT, SMALL, fit
 
 from llm_pg.callbacks.checkpoint import read_header, verify
-from llm_pg.cli import RunInterrupted, main
-from llm_pg.run_config import config_changes
-from llm_pg.run_logs import trim_logs
-from llm_pg.runs import RunDirError, RunLock, is_complete, is_rank_zero
+from llm_pg.cli.fit import RunInterrupted, main
+from llm_pg.runs.config import config_changes
+from llm_pg.runs.directory import RunDirError, RunLock, is_complete, is_rank_zero
+from llm_pg.runs.logs import trim_logs
 
 DIGITS = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
 
@@ -64,7 +64,8 @@ def test_a_second_process_on_the_same_run_dir_fails_at_once_and_a_dead_ones_lock
     run = tmp_path / "run"
     run.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from llm_pg.runs import RunLock; RunLock.acquire(sys.argv[1]); "
+        [sys.executable, "-c", "import sys, time; from llm_pg.runs.directory import RunLock; "
+         "RunLock.acquire(sys.argv[1]); "
          "print('locked', flush=True); time.sleep(60)", str(run)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -167,7 +168,7 @@ def test_allowed_resume_changes_are_not_reported():
 
 
 def test_class_defaults_come_from_the_configured_classes():
-    from llm_pg.run_config import class_defaults
+    from llm_pg.runs.config import class_defaults
 
     config = {
         "model": {"class_path": "llm_pg.modules.GRPOModule"},
@@ -261,7 +262,7 @@ def test_sigkill_during_a_checkpoint_write_then_resume_ends_bitwise_equal(tmp_pa
 
 
 def test_validate_leaves_a_trained_runs_files_alone(tmp_path, random_model_dir):
-    from llm_pg.cli import run_cli
+    from llm_pg.cli.fit import run_cli
 
     fit(tmp_path, random_model_dir, "--model.init_args.iterations=1", *DIGITS)
     run = tmp_path / "run"

@@ -1,10 +1,10 @@
-"""`llm_pg.sampling`: the nucleus is transformers' top-p set, and draws follow the renormalised nucleus."""
+"""`llm_pg.models.sampling`: the nucleus is transformers' top-p set, and draws follow the renormalised nucleus."""
 
 import pytest
 import torch
 from transformers import TopPLogitsWarper
 
-from llm_pg.sampling import NucleusSampler, nucleus, nucleus_sample
+from llm_pg.models.sampling import NucleusSampler, nucleus, nucleus_sample
 
 
 def transformers_kept(logits: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from llm_pg.models import LoRA
+from llm_pg.models.loading import LoRA
 from llm_pg.modules import GRPOModule, ReinforceModule
 
 BAD = [  # (override, start of the message)

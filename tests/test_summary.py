@@ -5,7 +5,7 @@ import csv
 import pytest
 from conftest import fit
 
-from llm_pg.summary import summarize_run, summary_lines
+from llm_pg.cli.summary import summarize_run, summary_lines
 
 
 def csv_columns(path) -> dict[str, dict[int, float]]:

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from llm_pg.sweep import Run, cli_value, expand, load_sweep, main, override_args, resume_flag, select
+from llm_pg.cli.sweep import Run, cli_value, expand, load_sweep, main, override_args, resume_flag, select
 
 SWEEP = {
     "name": "abl",
@@ -102,7 +102,7 @@ def test_a_run_stopped_by_sigterm_is_not_counted_finished(tmp_path, capsys, monk
     sweep_file = tmp_path / "abl.yaml"
     sweep_file.write_text(yaml.safe_dump({k: v for k, v in SWEEP.items() if k != "name"}))
     codes = iter([0, 143, 0, 3])
-    monkeypatch.setattr("llm_pg.sweep.subprocess.run", lambda *a, **k: SimpleNamespace(returncode=next(codes)))
+    monkeypatch.setattr("llm_pg.cli.sweep.subprocess.run", lambda *a, **k: SimpleNamespace(returncode=next(codes)))
     assert main([str(sweep_file), "--runs_root", str(tmp_path / "runs"), "--only", "reference,kl_coef0.2"]) == 1
     captured = capsys.readouterr()
     assert "sweep: 2/4 runs finished" in captured.out
@@ -140,7 +140,7 @@ def _expanded(path, monkeypatch):
 
 
 def _parse_with_the_real_cli(runs, sweep, capsys):
-    from llm_pg.cli import run_cli
+    from llm_pg.cli.fit import run_cli
 
     for run in (r for r in runs if r.seed == sweep["seeds"][0]):
         with pytest.raises(SystemExit) as exit_info:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
+from llm_pg.assets import TINY_CHAT_DIR
 from llm_pg.data.tasks import ArithTask, Example, FormatCopyTask
-from llm_pg.generation import generate
-from llm_pg.tiny import TINY_CHAT_DIR
+from llm_pg.models.generation import generate
 from llm_pg.tiny.demonstrations import demonstration, demonstration_rng, ideal_completion
 from llm_pg.tiny.evaluate import evaluate_base, pass_at_k, target_failures, tiny_tasks
 from llm_pg.tiny.pretrain import main as pretrain_main

@@ -12,10 +12,11 @@ import pytest
 import torch
 from conftest import fit
 
-from llm_pg.engines.health import MismatchTrend, SamplerHealth, logprob_mismatch, tis_metrics, tis_weight
-from llm_pg.losses import grpo_loss, reinforce_loss, truncated_is_weight
+from llm_pg.core.losses import grpo_loss, reinforce_loss, truncated_is_weight
+from llm_pg.core.rollout import RolloutBatch
+from llm_pg.core.variants import tis_weight
+from llm_pg.engines.health import MismatchTrend, SamplerHealth, logprob_mismatch, tis_metrics
 from llm_pg.modules import GRPOModule
-from llm_pg.rollout import RolloutBatch
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5, -0.7]])  # pi_old of four sampled tokens
 SAMPLER = torch.tensor([[-1.5, -1.0, -0.5, -0.6]])  # the engine's log-probs of the same tokens

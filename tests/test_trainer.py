@@ -10,7 +10,7 @@ from conftest import fit
 from test_logprobs import alone_logprobs
 from transformers import AutoModelForCausalLM
 
-from llm_pg.losses import grpo_loss
+from llm_pg.core.losses import grpo_loss
 from llm_pg.modules import GRPOModule
 
 DIGITS = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]

@@ -1,4 +1,4 @@
-"""The update's speed levers (issue 22) are exact: the chunked LM head (`llm_pg.chunked_logprobs`), forwards over
+"""The update's speed levers (issue 22) are exact: the chunked LM head (`llm_pg.core.chunked_logprobs`), forwards over
 rows packed to the left (`logprobs.packed_layout`) and length-sorted grouped passes
 (`update.length_sorted`) give the plain path's log-probs, entropy, gradients and optimizer steps to float rounding.
 """
@@ -9,8 +9,8 @@ from peft import LoraConfig, get_peft_model
 from test_prefix_sharing import _train_rows, assert_moved, assert_trained_alike, grouped_rollout
 from transformers import AutoModelForCausalLM
 
-from llm_pg.chunked_logprobs import chunked_target_logprobs
-from llm_pg.models import load_tokenizer
+from llm_pg.core.chunked_logprobs import chunked_target_logprobs
+from llm_pg.models.loading import load_tokenizer
 from llm_pg.modules import update
 from llm_pg.modules.logprobs import completion_hidden, completion_logits, packed_layout
 

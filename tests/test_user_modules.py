@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from llm_pg import user_modules
-from llm_pg.user_modules import add_config_dirs, config_files, find_file, lookup_dirs
+from llm_pg.data import user_code
+from llm_pg.data.user_code import add_config_dirs, config_files, find_file, lookup_dirs
 
 SMALL = [  # 2 prompts x 4 completions of 8 tokens, one iteration, no W&B
     "--model.init_args.iterations=1",
@@ -26,7 +26,7 @@ SMALL = [  # 2 prompts x 4 completions of 8 tokens, one iteration, no W&B
 def fresh_path(monkeypatch):
     """sys.path and the recorded lookup directories as they were, after the test."""
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(user_modules, "_lookup_dirs", [])
+    monkeypatch.setattr(user_code, "_lookup_dirs", [])
     monkeypatch.setattr(sys, "argv", list(sys.argv))
 
 
@@ -96,7 +96,7 @@ def write_experiment(folder, reward_module: str, body: str, split_files: bool = 
 
 def run_llm_pg(tmp_path, config: str, *overrides: str) -> int:
     """`llm-pg fit --config CONFIG` in this process, from a working directory that is not the config's."""
-    from llm_pg.cli import main
+    from llm_pg.cli.fit import main
 
     os.chdir(tmp_path / "elsewhere")
     try:

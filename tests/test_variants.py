@@ -13,11 +13,11 @@ from transformers import AutoModelForCausalLM
 
 import llm_pg.modules.update as update
 from llm_pg.callbacks.rollout import apply_variants
+from llm_pg.callbacks.sharded_eval import pass_at_k
+from llm_pg.core.losses import group_advantages
+from llm_pg.core.rollout import RolloutBatch
 from llm_pg.data.tasks.base import Example, Score, Task
-from llm_pg.evaluation import pass_at_k
-from llm_pg.losses import group_advantages
-from llm_pg.modules import GRPOModule, ReinforceModule
-from llm_pg.rollout import RolloutBatch
+from llm_pg.modules import GRPOModule, ReinforceModule, logprobs
 
 VARIED = ["--data.task=test_variants.VariedTask", "--data.task.init_args.eval_size=4"]
 
@@ -141,13 +141,13 @@ def test_mask_truncated_zeroes_the_rows_without_eos(tmp_path, eos_model_dir, mon
 
 def _count_old_passes(monkeypatch) -> list[bool]:
     calls = []
-    original = GRPOModule.frozen_logprobs
+    original = logprobs.no_grad_logprobs
 
-    def counting(self, rollout, reference):
+    def counting(module, rollout, reference):
         calls.append(reference)
-        return original(self, rollout, reference)
+        return original(module, rollout, reference)
 
-    monkeypatch.setattr(GRPOModule, "frozen_logprobs", counting)
+    monkeypatch.setattr(logprobs, "no_grad_logprobs", counting)
     return calls
 
 
@@ -344,3 +344,19 @@ def test_reinforce_rejects_grpo_only_keys(override, message):
 def test_reinforce_takes_the_estimator_and_aggregation_keys():
     module = ReinforceModule(model_name_or_path="tiny", advantage="rloo", loss_aggregation="token_mean")
     assert module.hparams.advantage == "rloo" and module.hparams.loss_aggregation == "token_mean"
+
+
+def test_core_variant_functions_on_hand_built_tensors():
+    from llm_pg.core.variants import clipped_advantages, truncated_rows, unsettled_rows
+
+    # Rows 0-1 hold EOS (2) somewhere, row 2 never does: only row 2 is truncated.
+    ids = torch.tensor([[5, 2, 0], [2, 7, 7], [5, 6, 7]])
+    assert truncated_rows(ids, [2]).tolist() == [False, False, True]
+    assert truncated_rows(ids, [6, 2]).tolist() == [False, False, False]
+    # G = 2: groups (1, 1) and (0.5, 0.5) are settled; only the middle group (0, 1) is kept, whole and in order.
+    keep, settled = unsettled_rows(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5]), 2)
+    assert keep.tolist() == [2, 3] and settled == 2 and keep.device.type == "cpu"
+    # dr_grpo on (0, 1): r - mean = (-0.5, 0.5); the clip at 0.25 halves both.
+    torch.testing.assert_close(
+        clipped_advantages(torch.tensor([0.0, 1.0]), 2, "dr_grpo", 0.25), torch.tensor([-0.25, 0.25])
+    )

@@ -21,13 +21,14 @@ from conftest import ROOT, fit, make_random_llama
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from llm_pg.callbacks.rollout import RolloutCallback
-from llm_pg.cli import run_cli
+from llm_pg.cli.fit import run_cli
+from llm_pg.core.losses import completion_mask, token_logprobs
+from llm_pg.core.variants import tis_weight
 from llm_pg.data.tasks import Example, FormatCopyTask
-from llm_pg.engines import HFEngine, logprob_mismatch, tis_metrics, tis_weight
+from llm_pg.engines import HFEngine, logprob_mismatch, tis_metrics
 from llm_pg.engines.vllm import VLLMEngine, VLLMGeneration, policy_weights, vllm_logprobs_mode
-from llm_pg.generation import eos_token_ids, generate
-from llm_pg.losses import completion_mask, token_logprobs
-from llm_pg.models import TINY_MODEL, LoRA, load_policy, load_tokenizer
+from llm_pg.models.generation import eos_token_ids, generate
+from llm_pg.models.loading import TINY_MODEL, LoRA, load_policy, load_tokenizer
 from llm_pg.modules import GRPOModule, ReinforceModule
 
 pytestmark = pytest.mark.vllm
@@ -268,7 +269,7 @@ def _rollout(module, task, examples):
     trainer = SimpleNamespace(datamodule=SimpleNamespace(task=task), global_rank=0)
     batch = {"index": 0, "examples": examples}
     RolloutCallback().on_train_batch_start(trainer, module, batch, 0)
-    return batch["rollout"]
+    return batch["rollout"].rows
 
 
 def test_rollout_batch_from_vllm_has_hfs_shapes_and_masks():

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from llm_pg.cli import LLMPGCLI
+from llm_pg.cli.fit import LLMPGCLI
 from llm_pg.data.datamodule import PromptGroupDataModule
 from llm_pg.modules import PolicyGradientModule
 
@@ -64,7 +64,7 @@ def test_variant_instantiates_with_vllm(tmp_path, run):
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed (the variants instantiate above)")
 def test_variant_without_vllm_fails_in_one_line_before_loading(tmp_path, capsys, monkeypatch):
-    from llm_pg.cli import main
+    from llm_pg.cli.fit import main
 
     monkeypatch.setattr(sys, "argv", ["llm-pg"])
     monkeypatch.setenv("LLM_PG_DEBUG", "0")

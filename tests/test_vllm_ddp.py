@@ -51,8 +51,8 @@ class RolloutRecorder(Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         out = Path(trainer.default_root_dir) / "rollouts" / f"iter{batch['index']}_rank{trainer.global_rank}.pt"
         out.parent.mkdir(parents=True, exist_ok=True)
-        rollout = batch["rollout"]
-        trainer_logp = module.frozen_logprobs(rollout, reference=False)  # [N, C]
+        rollout = batch["rollout"].rows
+        trainer_logp = module.old_logprobs(rollout)  # [N, C]
         torch.save({"rollout": rollout.to("cpu"), "trainer_logp": trainer_logp.cpu()}, out)
 
 
@@ -70,7 +70,7 @@ class RecordingGRPO(GRPOModule):
 
 
 def run_fit(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """`python -m llm_pg.cli fit ARGS` in a session of its own, killed whole (both ranks) after `TIMEOUT_S`."""
+    """`python -m llm_pg.cli.fit fit ARGS` in a session of its own, killed whole (both ranks) after `TIMEOUT_S`."""
     env = {
         "PYTHONPATH": str(ROOT / "tests"),
         "PATH": "/usr/bin:/bin",
@@ -79,7 +79,7 @@ def run_fit(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
     }
-    command = [sys.executable, "-m", "llm_pg.cli", "fit", *args]
+    command = [sys.executable, "-m", "llm_pg.cli.fit", "fit", *args]
     process = subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

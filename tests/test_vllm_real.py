@@ -13,11 +13,11 @@ pytest.importorskip("vllm", reason="vLLM is not installed: run `make test-vllm`"
 from test_vllm import SETTINGS, teacher_forced
 from transformers import AutoModelForCausalLM
 
+from llm_pg.core.losses import completion_mask
 from llm_pg.data.tasks import FormatCopyTask
 from llm_pg.engines.vllm import VLLMEngine
-from llm_pg.generation import eos_token_ids
-from llm_pg.losses import completion_mask
-from llm_pg.models import LoRA, load_policy, load_tokenizer
+from llm_pg.models.generation import eos_token_ids
+from llm_pg.models.loading import LoRA, load_policy, load_tokenizer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real]
 

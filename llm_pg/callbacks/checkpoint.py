@@ -27,7 +27,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from llm_pg.runs import fsync_dir, run_dir, write_text_atomic
+from llm_pg.runs.directory import fsync_dir, run_dir, write_text_atomic
 
 LAST = "last.ckpt"
 ITER = re.compile(r"^iter_(\d+)\.ckpt$")
@@ -112,8 +112,14 @@ def copy_checkpoint(source: Path, target: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+class NoChecksum(str):
+    """The reason `verify` gives for a checkpoint with no `.sha256` beside it (one written by other code): it may be
+    loaded unverified, unlike a damaged one. Tell it from the other reasons with `isinstance`."""
+
+
 def verify(path: str | Path) -> str | None:
-    """None when `path` is an intact checkpoint (its sha256 is listed in `<path>.sha256`), else why not."""
+    """None when `path` is an intact checkpoint (its sha256 is listed in `<path>.sha256`), else why not (a
+    `NoChecksum` when no hash is listed at all)."""
     path = Path(path)
     try:
         stat = path.stat()
@@ -123,7 +129,7 @@ def verify(path: str | Path) -> str | None:
         return None
     listed = _listed_hashes(path)
     if not listed:
-        return "no .sha256 beside it"
+        return NoChecksum("no .sha256 beside it")
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
     if digest not in listed:
@@ -185,7 +191,7 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict[str, Any]:
         reason = verify(path)
-        if reason == "no .sha256 beside it":
+        if isinstance(reason, NoChecksum):
             rank_zero_warn(f"{path}: {reason}; loading it unverified")
         elif reason is not None:
             raise ValueError(f"checkpoint {path} does not verify: {reason}")
@@ -215,7 +221,7 @@ class IterationCheckpoint(ModelCheckpoint):
     weights and AdamW state: ~92 GB): the loggers are still flushed after every iteration, and a SIGTERM/SIGINT
     (Modal's preemption, a Ctrl-C) and the end of training still save; only a hard kill (SIGKILL, out of memory, a
     lost machine) loses the iterations since the last write, which the resume trains again (their logged rows are
-    dropped first, `llm_pg.run_logs.trim_logs`).
+    dropped first, `llm_pg.runs.logs.trim_logs`).
 
     Iteration k is saved when it is wholly logged: at the start of iteration k+1 (before its rollout), at the end
     of training, or when SIGTERM/SIGINT stop the run between iterations (Lightning's SIGTERM handling, which this

@@ -1,6 +1,6 @@
 """Greedy evaluation on the task's held-out set: at iteration 0 (the pre-RL baseline), every
 `eval_every` iterations and at the end of training. Under DDP every rank decodes a slice of the set
-(`llm_pg.evaluation.evaluate`); rank zero logs the metrics and writes every row."""
+(`llm_pg.callbacks.sharded_eval.evaluate`); rank zero logs the metrics and writes every row."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 
+from llm_pg.callbacks.sharded_eval import evaluate
 from llm_pg.data.tasks.base import Example, Task
-from llm_pg.evaluation import evaluate
-from llm_pg.runs import run_dir
-from llm_pg.strategies import unsharded
+from llm_pg.models.parallel import unsharded
+from llm_pg.runs.directory import run_dir
 
 
 def write_eval_rows(
@@ -51,7 +51,7 @@ class EvalCallback(Callback):
             self._evaluate(trainer, module)
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        # Also when a resumed run was already complete: the resume dropped its final eval (`runs.trim_logs`).
+        # Also when a resumed run was already complete: the resume dropped its final eval (`runs.logs.trim_logs`).
         if self.last_evaluated != module.iteration and module.stop_reason is None:  # a diverged policy: no eval
             self._evaluate(trainer, module)
 

@@ -9,13 +9,13 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from llm_pg.core.losses import completion_mask
+from llm_pg.core.rollout import RolloutBatch
 from llm_pg.data.tasks.base import Example, Score
-from llm_pg.generation import eos_token_ids
-from llm_pg.losses import completion_mask
-from llm_pg.rollout import RolloutBatch
-from llm_pg.runs import run_dir
+from llm_pg.models.generation import eos_token_ids
+from llm_pg.runs.directory import run_dir
 
-# `iteration` first: `llm_pg.runs.trim_logs` reads it to drop the rows a resume replays.
+# `iteration` first: `llm_pg.runs.directory.trim_logs` reads it to drop the rows a resume replays.
 LEADING = ["iteration", "prompt", "answer", "completion", "reward"]
 TRAILING = ["correct", "advantage", "length", "truncated"]
 
@@ -63,12 +63,13 @@ class GenerationsCallback(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx) -> None:
         hp = module.hparams
         iteration = module.iteration - 1  # the iteration this batch was sampled for
-        if hp.log_generations_every <= 0 or iteration % hp.log_generations_every != 0 or not len(batch["rollout"]):
+        scored = batch["rollout"]  # a ScoredRollout
+        if hp.log_generations_every <= 0 or iteration % hp.log_generations_every != 0 or not len(scored.rows):
             return
         columns, table = table_rows(
             iteration,
-            batch["rollout"],
-            batch["scores"],
+            scored.rows,
+            scored.scores,
             batch["examples"],
             eos_token_ids(module.policy, module.tokenizer),
             hp.group_size,

@@ -1,23 +1,38 @@
-"""RolloutCallback: samples, scores and packs one rollout (`RolloutBatch`) before each training step."""
+"""RolloutCallback: samples, scores and packs one rollout before each training step, handed over as a
+`ScoredRollout` (the `RolloutBatch`, its scores and its metrics) under the batch's `"rollout"` key."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from llm_pg.core.losses import completion_mask, settled_groups
+from llm_pg.core.rollout import RolloutBatch, derive_seed
+from llm_pg.core.variants import clipped_advantages, truncated_rows, unsettled_rows
 from llm_pg.data.tasks.base import Score
 from llm_pg.engines.vllm import VLLMGeneration
-from llm_pg.generation import eos_token_ids
-from llm_pg.guards import scores_or_stop
-from llm_pg.losses import advantages, completion_mask, settled_groups
-from llm_pg.rollout import RolloutBatch, derive_seed
+from llm_pg.models.generation import eos_token_ids
+from llm_pg.runs.guards import scores_or_stop
+
+
+@dataclass
+class ScoredRollout:
+    """One iteration's rollout as `training_step` receives it: the rows the update trains on (`rows`, after the
+    rollout-side variants), the task's score of each of them (`scores`, same order) and the rollout's metrics
+    (`metrics`: `train/reward...`, lengths, the variants' counts, `time/rollout`), logged with the update's."""
+
+    rows: RolloutBatch
+    scores: list[Score]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutCallback(Callback):
-    """Samples and scores one rollout before each training step and attaches it as `batch["rollout"]`.
+    """Samples and scores one rollout before each training step and attaches it as `batch["rollout"]`, a
+    `ScoredRollout`.
 
     For the batch's `n` prompts it samples `group_size` completions each with the current policy through the
     module's rollout engine (`module.engine`: HF generate in eval mode, no grad, KV cache, or vLLM; seeded from
@@ -68,14 +83,13 @@ class RolloutCallback(Callback):
         metrics = rollout_metrics(rollout, scores, hp.group_size, eos, sampling_seconds)
         rollout, scores, variant_metrics = apply_variants(rollout, scores, hp, eos)
         if len(rollout) and module.needs_old_logp and not module.reuses_first_pass:
-            rollout.old_logp = module.frozen_logprobs(rollout, reference=False)
+            rollout.old_logp = module.old_logprobs(rollout)
         elif len(rollout) and not module.needs_old_logp and rollout.sampled_logp is not None:
-            rollout.old_logp = module.frozen_logprobs(rollout, reference=False)  # REINFORCE: for the mismatch only
+            rollout.old_logp = module.old_logprobs(rollout)  # REINFORCE: for the mismatch only
         if len(rollout) and hp.kl_coef > 0:
-            rollout.ref_logp = module.frozen_logprobs(rollout, reference=True)
-        batch["rollout"] = rollout
-        batch["scores"] = scores
-        batch["rollout_metrics"] = {**metrics, **variant_metrics, "time/rollout": time.perf_counter() - start}
+            rollout.ref_logp = module.reference_logprobs(rollout)
+        metrics |= variant_metrics | {"time/rollout": time.perf_counter() - start}
+        batch["rollout"] = ScoredRollout(rollout, scores, metrics)
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if module.device.type == "cuda":
@@ -103,17 +117,16 @@ def apply_variants(
     options that are on)."""
     metrics: dict[str, float] = {}
     if hp.filter_zero_std_groups:
-        settled = settled_groups(rollout.rewards, hp.group_size)  # [N/G]
-        keep = (~settled).repeat_interleave(hp.group_size).nonzero().view(-1).cpu()  # whole groups, in order
+        keep, settled = unsettled_rows(rollout.rewards, hp.group_size)
         rollout = rollout.select(keep)
         scores = [scores[i] for i in keep.tolist()]
-        metrics["train/filtered_groups"] = float(settled.sum())
+        metrics["train/filtered_groups"] = float(settled)
     if len(rollout):
-        rollout.advantages = advantages(rollout.rewards, hp.group_size, hp.advantage).clamp(-hp.adv_clip, hp.adv_clip)
+        rollout.advantages = clipped_advantages(rollout.rewards, hp.group_size, hp.advantage, hp.adv_clip)
     # Mean |A| over the rows the update sees: how much signal the rollout carries (0 when every group is settled).
     metrics["train/advantage_abs_mean"] = rollout.advantages.abs().mean().item() if len(rollout) else 0.0
     if hp.mask_truncated:
-        truncated = ~torch.isin(rollout.completion_ids, torch.tensor(eos, device=rollout.input_ids.device)).any(1)
+        truncated = truncated_rows(rollout.completion_ids, eos)
         rollout.completion_mask = rollout.completion_mask & ~truncated.unsqueeze(1)  # [N, C]
         metrics["train/masked_truncated"] = float(truncated.sum())
     return rollout, scores, metrics
@@ -136,7 +149,7 @@ def rollout_metrics(
     """
     rewards = rollout.rewards
     lengths = rollout.completion_mask.sum(1).float()  # [N]
-    truncated = ~torch.isin(rollout.completion_ids, torch.tensor(eos, device=rewards.device)).any(1)  # no EOS
+    truncated = truncated_rows(rollout.completion_ids, eos)  # [N]: no EOS
     metrics = {
         "train/reward": rewards.mean().item(),
         "train/reward_std": rewards.std(unbiased=False).item(),

@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from llm_pg.engines.health import SamplerHealth, logprob_mismatch, tis_metrics, tis_weight
+from llm_pg.engines.health import SamplerHealth, logprob_mismatch, tis_metrics
 from llm_pg.engines.hf import HFEngine
-from llm_pg.generation import eos_token_ids
-from llm_pg.runs import run_dir
+from llm_pg.models.generation import eos_token_ids
+from llm_pg.runs.directory import run_dir
 
 if TYPE_CHECKING:
     from llm_pg.engines.vllm import VLLMEngine
 
-__all__ = ["HFEngine", "SamplerHealth", "build_engine", "logprob_mismatch", "tis_metrics", "tis_weight"]
+__all__ = ["HFEngine", "SamplerHealth", "build_engine", "logprob_mismatch", "tis_metrics"]
 
 
 def build_engine(module) -> HFEngine | VLLMEngine:

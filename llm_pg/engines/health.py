@@ -16,10 +16,10 @@ from collections import deque
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
 
-from llm_pg.losses import masked_mean, truncated_is_weight
-from llm_pg.rollout import RolloutBatch
+from llm_pg.core.losses import masked_mean
+from llm_pg.core.rollout import RolloutBatch
+from llm_pg.core.variants import tis_weight
 
 MISMATCH_QUANTILE = 0.99
 TREND_WINDOW = 20  # iterations the mismatch trend looks back over
@@ -40,16 +40,6 @@ def logprob_mismatch(rollout: RolloutBatch) -> dict[str, float]:
         "rollout/logprob_mismatch_p99": torch.quantile(tokens, MISMATCH_QUANTILE).item(),
         "rollout/logprob_mismatch_max": tokens.max().item(),
     }
-
-
-def tis_weight(rollout: RolloutBatch, cap: float | None) -> Tensor | None:
-    """`[b, C]` truncated importance weights `min(exp(old_logp - sampler_logp), cap)` of a (micro-)batch, or None
-    when TIS is off (`cap` None) or pi_old is unknown (REINFORCE with HF: no weight, i.e. 1). Without engine
-    log-probs (HF) the sampler is pi_old itself and every weight is exactly 1."""
-    if cap is None or rollout.old_logp is None:
-        return None
-    sampler = rollout.old_logp if rollout.sampled_logp is None else rollout.sampled_logp.to(rollout.old_logp.device)
-    return truncated_is_weight(rollout.old_logp, sampler, cap)
 
 
 def tis_metrics(rollout: RolloutBatch, cap: float | None) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""HFEngine: the engine interface over HF `generate` (`llm_pg.generation.generate`), sampling with the policy."""
+"""HFEngine: the engine interface over HF `generate` (`llm_pg.models.generation.generate`), sampling with the policy."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from contextlib import AbstractContextManager, nullcontext
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from llm_pg.generation import Conversation, Generation, generate
-from llm_pg.strategies import unsharded
+from llm_pg.models.generation import Conversation, Generation, generate
+from llm_pg.models.parallel import unsharded
 
 
 class HFEngine:
@@ -16,8 +16,8 @@ class HFEngine:
 
     `load_weights` only records which module to sample with; weights updated in place by the optimizer are
     seen at once. `autocast` (the module's `autocast`) gives the compute dtype over float32 master weights.
-    `share_prompt_prefix` prefills each prompt once for all its samples (`llm_pg.generation.prompt_cache`);
-    `compiled` runs the decode steps through `torch.compile` (`llm_pg.decoding.compiled_forward`).
+    `share_prompt_prefix` prefills each prompt once for all its samples (`llm_pg.models.generation.prompt_cache`);
+    `compiled` runs the decode steps through `torch.compile` (`llm_pg.models.decoding.compiled_forward`).
     """
 
     def __init__(
@@ -51,7 +51,8 @@ class HFEngine:
         max_prompt_tokens: int | None = None,
         chat_template: bool = True,
     ) -> Generation:
-        """`llm_pg.generation.generate` with this engine's model and tokenizer (same arguments), under `autocast`.
+        """`llm_pg.models.generation.generate` with this engine's model and tokenizer (same arguments), under
+        `autocast`.
 
         A model sharded with FSDP2 is gathered once for the whole call (`unsharded`), not once per decoded token,
         so its ranks may stop decoding at different steps."""

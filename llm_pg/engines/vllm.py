@@ -3,7 +3,7 @@
 vLLM (`llm-pg[vllm]`, 0.32) runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): no second process, no
 `__main__` guard, and weight tensors reach the worker as tensors, not lists. Prompts are encoded by our own
 `encode_prompts` and handed to vLLM as token ids, and vLLM never loads a tokenizer (`skip_tokenizer_init`), so
-the prompt tokens, padding, EOS ids and decoded texts are those of `llm_pg.generation.generate`.
+the prompt tokens, padding, EOS ids and decoded texts are those of `llm_pg.models.generation.generate`.
 
 Sampled-token log-probs (`VLLMGeneration.sampled_logprobs`) come in one of two modes (`logprobs_mode`):
 - `raw_logprobs`: `log_softmax(logits)[token]`, temperature 1, before any masking: equal to the trainer's
@@ -41,11 +41,11 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 
+from llm_pg.core.rollout import derive_seed
 from llm_pg.engines.vllm_log import route_vllm_log
 from llm_pg.engines.vllm_weights import AdapterPush, policy_weights, repack_tied_lm_head, vllm_max_lora_rank
-from llm_pg.generation import Conversation, Generation, encode_prompts
-from llm_pg.models import resolve_model_path
-from llm_pg.rollout import derive_seed
+from llm_pg.models.generation import Conversation, Generation, encode_prompts
+from llm_pg.models.loading import resolve_model_path
 
 __all__ = ["VLLMEngine", "VLLMGeneration", "checkpoint_eos_ids", "policy_weights", "vllm_logprobs_mode"]
 
@@ -245,7 +245,7 @@ class VLLMEngine:
         max_prompt_tokens: int | None = None,
         chat_template: bool = True,
     ) -> VLLMGeneration:
-        """`num_samples` completions per conversation, as `llm_pg.generation.generate`, plus sampled log-probs.
+        """`num_samples` completions per conversation, as `llm_pg.models.generation.generate`, plus sampled log-probs.
 
         Plain temperature/top-p sampling (no top-k, no penalties). Row r (= i*G + j) is one request seeded
         with `derive_seed(seed, r)`: the same seed gives the same tokens, in any process; `seed=None` draws

@@ -1,9 +1,9 @@
 """PolicyGradientModule: the manual-optimization loop that ReinforceModule and GRPOModule share.
 
-One Lightning training step is one RL iteration: the RolloutCallback has already sampled and scored
-a rollout (`batch["rollout"]`); `training_step` runs `epochs` shuffled passes over it in micro-batches
-of `minibatch_size` rows, accumulating `grad_accum_steps` micro-batches per clipped optimizer step
-(`llm_pg/modules/update.py`). Subclasses define only `epochs` and `loss`.
+One Lightning training step is one RL iteration: the RolloutCallback has already sampled and scored a rollout
+(`batch["rollout"]`, a `llm_pg.callbacks.rollout.ScoredRollout`); `training_step` runs `epochs` shuffled passes
+over it in micro-batches of `minibatch_size` rows, accumulating `grad_accum_steps` micro-batches per clipped
+optimizer step (`llm_pg/modules/update.py`). Subclasses define only `epochs` and `loss`.
 
 Precision: `dtype` is the compute dtype. Forward passes (rollout, log-probs, training, eval) run under
 `self.autocast()`; the optimizer updates float32 master weights (full fine-tuning) or float32 LoRA
@@ -25,10 +25,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
+from llm_pg.callbacks import EvalCallback, GenerationsCallback
+from llm_pg.callbacks.rollout import RolloutCallback, ScoredRollout
+from llm_pg.callbacks.sharded_eval import evaluate
+from llm_pg.core.losses import Advantage, LossAggregation
+from llm_pg.core.rollout import RolloutBatch, derive_seed
 from llm_pg.engines import HFEngine, SamplerHealth, build_engine
-from llm_pg.evaluation import evaluate
-from llm_pg.guards import DivergenceGuard, RunStopped, weights_finite
-from llm_pg.models import (
+from llm_pg.models.loading import (
     LoRA,
     default_dtype,
     load_policy,
@@ -37,13 +40,13 @@ from llm_pg.models import (
     master_dtype,
     resolve_model_path,
 )
+from llm_pg.models.parallel import full_state_dict, is_sharded, unsharded
 from llm_pg.modules import logprobs
 from llm_pg.modules.distributed import shard_for_strategy
-from llm_pg.modules.settings import check_settings
+from llm_pg.modules.settings import RolloutEngine, check_settings
 from llm_pg.modules.update import run_update
-from llm_pg.rollout import RolloutBatch, derive_seed
-from llm_pg.runs import run_dir
-from llm_pg.strategies import full_state_dict, is_sharded, unsharded
+from llm_pg.runs.directory import run_dir
+from llm_pg.runs.guards import DivergenceGuard, RunStopped, weights_finite
 
 if TYPE_CHECKING:
     from llm_pg.engines.vllm import VLLMEngine
@@ -86,7 +89,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         share_prompt_prefix: run each distinct prompt of a forward once and its completions on its cached keys and
             values (`llm_pg.modules.logprobs`): the same log-probs and gradients up to float rounding, fewer tokens.
         logprob_chunk_size: token positions per chunk of the LM head and log-softmax, recomputed in the backward
-            (`llm_pg.chunked_logprobs`), so no `[rows, positions, vocabulary]` logits tensor is held; the same
+            (`llm_pg.core.chunked_logprobs`), so no `[rows, positions, vocabulary]` logits tensor is held; the same
             log-probs, entropy and gradients to float rounding. A forward without prefix sharing then also packs each
             row's tokens to the left (`logprobs.packed_layout`: no padding between prompt and completion). 0: the
             plain path, one head call over the whole micro-batch.
@@ -111,7 +114,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         rollout_engine: `hf` (HF generate with the policy itself) | `vllm` (vLLM colocated in this process, fed the
             policy's weights after every update; `llm-pg[vllm]`). Every rollout and evaluation samples through it.
         compile_generation: with `rollout_engine: hf`, run `generate`'s decode steps through `torch.compile`
-            (dynamic shapes; `llm_pg.decoding.compiled_forward`); training forwards stay eager. The first rollout
+            (dynamic shapes; `llm_pg.models.decoding.compiled_forward`); training forwards stay eager. The first rollout
             or evaluation pays the compile (15-30 s for the tiny model on the CPU); decoding is then ~20 % faster on
             the CPU (docs/algorithms.md, "Speed"). The logits are eager's to float rounding, so a sampled token can
             in principle differ from an eager run's. Off by default.
@@ -127,7 +130,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
             Logs `rollout/tis_weight_mean` and `rollout/tis_clipped_frac`. See docs/algorithms.md, "TIS".
         max_skipped_iterations: stop the run (exit 1, no `final/`, no `COMPLETE`) after this many consecutive
             iterations in which every optimizer step was skipped as non-finite (or the loss was not finite); a
-            non-finite weight stops it at once (`llm_pg.guards`).
+            non-finite weight stops it at once (`llm_pg.runs.guards`).
         seed: derives sampling, shuffling and dropout seeds (linked from the top-level `seed`).
     """
 
@@ -164,13 +167,13 @@ class PolicyGradientModule(L.LightningModule, ABC):
         group_by_length: bool = True,
         log_generations_every: int = 10,
         log_generations_rows: int = 24,
-        advantage: str = "grpo",
-        loss_aggregation: str = "seq_mean_token_mean",
+        advantage: Advantage = "grpo",
+        loss_aggregation: LossAggregation = "seq_mean_token_mean",
         filter_zero_std_groups: bool = False,
         mask_truncated: bool = False,
         eval_samples: int = 0,
         eval_temperature: float = 1.0,
-        rollout_engine: str = "hf",
+        rollout_engine: RolloutEngine = "hf",
         compile_generation: bool = False,
         vllm_gpu_memory_utilization: float = 0.3,
         vllm_kv_cache_memory_bytes: int | None = None,
@@ -191,7 +194,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
         self.optimizer_steps = 0
         self.divergence = DivergenceGuard(max_skipped_iterations)
-        self.stop_reason: str | None = None  # set when the run must stop as failed (`llm_pg.guards.RunStopped`)
+        self.stop_reason: str | None = None  # set when the run must stop as failed (`llm_pg.runs.guards.RunStopped`)
         self.latest_eval: dict[str, float] = {}
         self.elapsed_before = 0.0  # training seconds of earlier attempts (resume)
         self._clock = time.perf_counter()
@@ -305,21 +308,24 @@ class PolicyGradientModule(L.LightningModule, ABC):
             self.trainer.should_stop = True
 
     def configure_callbacks(self):
-        from llm_pg.callbacks import EvalCallback, GenerationsCallback
-        from llm_pg.callbacks.rollout import RolloutCallback
-
         return [RolloutCallback(), EvalCallback(), GenerationsCallback()]
 
-    def sequence_logprobs(
+    def completion_logprobs(
         self, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """Completion log-probs `[b, C]` at `logprob_temperature`, and optionally the token entropy `[b, C]`
-        (`llm_pg.modules.logprobs.sequence_logprobs`: each distinct prompt runs once when `share_prompt_prefix`)."""
-        return logprobs.sequence_logprobs(self, model, rollout, with_entropy)
+        (`llm_pg.modules.logprobs.completion_logprobs`: each distinct prompt runs once when `share_prompt_prefix`)."""
+        return logprobs.completion_logprobs(self, model, rollout, with_entropy)
 
-    def frozen_logprobs(self, rollout: RolloutBatch, reference: bool) -> Tensor:
-        """Log-probs `[N, C]` under pi_old (the policy now) or pi_ref, no grad (`logprobs.frozen_logprobs`)."""
-        return logprobs.frozen_logprobs(self, rollout, reference)
+    def old_logprobs(self, rollout: RolloutBatch) -> Tensor:
+        """pi_old: log-probs `[N, C]` of the completions under the policy as it is now (before the update), no grad
+        (`logprobs.no_grad_logprobs`)."""
+        return logprobs.no_grad_logprobs(self, rollout, reference=False)
+
+    def reference_logprobs(self, rollout: RolloutBatch) -> Tensor:
+        """pi_ref: log-probs `[N, C]` under the frozen reference (the base model: LoRA's adapter switched off, or
+        the frozen copy), no grad (`logprobs.no_grad_logprobs`)."""
+        return logprobs.no_grad_logprobs(self, rollout, reference=True)
 
     # ---- optimisation ---------------------------------------------------------------------------------
 
@@ -335,7 +341,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
-        rollout: RolloutBatch = batch["rollout"].to(self.device)
+        scored: ScoredRollout = batch["rollout"]
+        rollout = scored.rows.to(self.device)
         hp = self.hparams
         scheduler = self.lr_schedulers()
         rank = self.global_rank
@@ -359,7 +366,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
                 "train/skipped_steps": float(self.skipped_steps),
                 "time/update": time.perf_counter() - start_time,
                 "time/elapsed": time.perf_counter() - self._clock,  # training wall time, resumes included
-                **batch.get("rollout_metrics", {}),
+                **scored.metrics,
                 **self.sampler_health(rollout),  # after the update: pi_old may come from its first pass
             }
         )
@@ -381,7 +388,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
             self.log("eval_em", self.latest_eval["exact_match"], prog_bar=True, on_step=True, logger=False)
 
     def _check_divergence(self, grad_norms: list[float], loss: float, lr: float) -> None:
-        """Stop the run (after this iteration is logged and saved) when it diverged (`llm_pg.guards`)."""
+        """Stop the run (after this iteration is logged and saved) when it diverged (`llm_pg.runs.guards`)."""
         try:
             self.divergence.check(self.iteration, grad_norms, float(loss), weights_finite(self.policy), lr)
         except RunStopped as stop:

@@ -1,5 +1,5 @@
 """Data parallelism for the manual update loop: DDP gradient averaging, and FSDP2 sharding of the policy and the
-reference (`llm_pg.strategies`).
+reference (`llm_pg.models.parallel`).
 
 DDP: a training step runs many backward passes and optimizer steps inside one forward of the DDP-wrapped module.
 DDP's reducer would all-reduce every backward's gradient, and Lightning turns it back on after every step
@@ -21,7 +21,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
 
-from llm_pg.strategies import shard_model
+from llm_pg.models.parallel import shard_model
 
 
 def backward_sync_off(trainer: L.Trainer) -> AbstractContextManager:
@@ -45,8 +45,8 @@ def average_gradients(params: list[torch.nn.Parameter], world_size: int) -> None
 
 
 def shard_for_strategy(module: L.LightningModule) -> None:
-    """Under `ModelParallelStrategy` (`llm_pg.strategies.FSDP2`): shard the policy and the frozen reference over the
-    data-parallel ranks. Called at the end of `configure_model`; nothing to do under other strategies."""
+    """Under `ModelParallelStrategy` (`llm_pg.models.parallel.FSDP2`): shard the policy and the frozen reference
+    over the data-parallel ranks. Called at the end of `configure_model`; nothing to do under other strategies."""
     trainer = module._trainer
     if trainer is None or not isinstance(trainer.strategy, ModelParallelStrategy):
         return

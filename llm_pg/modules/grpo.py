@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from llm_pg.engines.health import tis_weight
-from llm_pg.losses import grpo_loss
+from llm_pg.core.losses import RatioLevel, grpo_loss
+from llm_pg.core.rollout import RolloutBatch
+from llm_pg.core.variants import tis_weight
 from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.modules.logprobs import has_dropout
 from llm_pg.modules.settings import check_grpo_settings
 from llm_pg.modules.update import steps_per_pass
-from llm_pg.rollout import RolloutBatch
 
 
 class GRPOModule(PolicyGradientModule):
@@ -53,7 +53,7 @@ class GRPOModule(PolicyGradientModule):
         ppo_epochs: int = 2,
         clip_eps: float = 0.2,
         clip_eps_high: float | None = None,
-        ratio_level: str = "token",
+        ratio_level: RatioLevel = "token",
         reuse_first_pass_logp: bool = False,
         **kwargs,
     ) -> None:

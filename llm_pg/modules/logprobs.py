@@ -12,9 +12,9 @@ model that is not sharded (FSDP2 would gather the weights twice), and, in a forw
 (the duplicate rows would share one dropout mask on their prompt, which changes the estimator's noise;
 `share_prompt_dropout: true` accepts that: one mask per prompt changes the gradient's variance, not its
 expectation) and no reentrant gradient checkpointing. Under non-reentrant checkpointing (what
-`llm_pg.models.enable_activation_checkpointing` sets) the layers are told to keep the cache for the two calls
-(`models.cache_kept_under_checkpointing`), and the caches are ones the backward's recompute of a layer cannot
-corrupt: the prompt pass records its keys and values once (`models.PromptCache`), the completion pass reads the
+`models.cache.enable_activation_checkpointing` sets) the layers are told to keep the cache for the two calls
+(`models.cache.cache_kept_under_checkpointing`), and the caches are ones the backward's recompute of a layer cannot
+corrupt: the prompt pass records its keys and values once (`models.cache.PromptCache`), the completion pass reads the
 rows' copy without storing (`PromptCache.rows`), so the recompute sees what the forward saw. The reentrant variant
 runs each layer's forward without a graph: keys that leave a layer through the cache would carry no gradient, so
 sharing stays off there. `model.init_args.share_prompt_prefix: false` turns it off.
@@ -27,9 +27,10 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
-from llm_pg.chunked_logprobs import chunked_target_logprobs
-from llm_pg.losses import target_logprobs, token_entropy
-from llm_pg.models import (
+from llm_pg.core.chunked_logprobs import chunked_target_logprobs
+from llm_pg.core.losses import target_logprobs, token_entropy
+from llm_pg.core.rollout import RolloutBatch
+from llm_pg.models.cache import (
     PromptCache,
     activation_checkpointing,
     cache_kept_under_checkpointing,
@@ -37,8 +38,7 @@ from llm_pg.models import (
     kv_cache,
     with_kv_cache,
 )
-from llm_pg.rollout import RolloutBatch
-from llm_pg.strategies import is_sharded
+from llm_pg.models.parallel import is_sharded
 
 
 def has_dropout(model: torch.nn.Module) -> bool:
@@ -66,7 +66,7 @@ def distinct_prompts(rollout: RolloutBatch) -> tuple[Tensor, Tensor]:
 
 def prefix_sharing_in_graph(model: torch.nn.Module, enabled: bool, shared_dropout: bool = False) -> bool:
     """Whether a training forward (grad on, train mode) may share prompt prefixes: on, unsharded, no gradient
-    checkpointing unless a non-reentrant one the cache survives (`models.cache_survives_checkpointing`), and no
+    checkpointing unless a non-reentrant one the cache survives (`models.cache.cache_survives_checkpointing`), and no
     dropout unless `shared_dropout` (the conditions of `shares_prefix` not about the rows)."""
     dropout_ok = shared_dropout or not has_dropout(model)
     checkpointing_ok = not activation_checkpointing(model) or cache_survives_checkpointing(model)
@@ -196,12 +196,12 @@ def completion_hidden(
     return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
 
 
-def sequence_logprobs(module, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False):
+def completion_logprobs(module, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False):
     """Completion log-probs `[b, C]` at the module's `logprob_temperature` T, and optionally the token entropy
     `[b, C]`: `out[i, c] = log_softmax(logits[i, P-1+c] / T)[input_ids[i, P+c]]`, in the module's compute dtype.
 
     With `logprob_chunk_size` > 0 the head and log-softmax run `logprob_chunk_size` positions at a time and are
-    recomputed in the backward (`llm_pg.chunked_logprobs`): no `[b, C, V]` logits tensor is held. 0 (and a model
+    recomputed in the backward (`llm_pg.core.chunked_logprobs`): no `[b, C, V]` logits tensor is held. 0 (and a model
     sharded by FSDP2): one head call.
     """
     temperature = module.logprob_temperature
@@ -220,7 +220,7 @@ def sequence_logprobs(module, model: torch.nn.Module, rollout: RolloutBatch, wit
 
 
 @torch.no_grad()
-def frozen_logprobs(module, rollout: RolloutBatch, reference: bool) -> Tensor:
+def no_grad_logprobs(module, rollout: RolloutBatch, reference: bool) -> Tensor:
     """Log-probs `[N, C]` under pi_old (the policy now) or pi_ref, in no-grad micro-batches of
     `logprob_batch_size` rows, each cut to its longest completion and padded back with (masked) zeros."""
     policy = module.policy
@@ -234,7 +234,7 @@ def frozen_logprobs(module, rollout: RolloutBatch, reference: bool) -> Tensor:
         part = rollout.select(rows).trimmed()
         adapter_off = policy.disable_adapter() if reference and module.uses_lora else nullcontext()
         with adapter_off:
-            logp = sequence_logprobs(module, model, part)[0]
+            logp = completion_logprobs(module, model, part)[0]
         chunks.append(torch.nn.functional.pad(logp, (0, width - logp.shape[1])))
     policy.train(was_training)
     return torch.cat(chunks) if chunks else rollout.completion_mask.new_zeros(rollout.completion_mask.shape).float()

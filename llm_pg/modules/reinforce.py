@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from llm_pg.engines.health import tis_weight
-from llm_pg.losses import reinforce_loss
+from llm_pg.core.losses import reinforce_loss
+from llm_pg.core.rollout import RolloutBatch
+from llm_pg.core.variants import tis_weight
 from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.modules.settings import reject_grpo_only
-from llm_pg.rollout import RolloutBatch
 
 
 class ReinforceModule(PolicyGradientModule):

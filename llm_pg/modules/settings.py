@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from typing import Any
+from typing import Any, Literal, get_args
 
-from llm_pg.losses import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, RATIO_LEVELS
+from llm_pg.core.losses import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, RATIO_LEVELS
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # float16 would need loss scaling, which the update loop does not do
-ROLLOUT_ENGINES = ("hf", "vllm")
+RolloutEngine = Literal["hf", "vllm"]
+ROLLOUT_ENGINES = get_args(RolloutEngine)
 
 
 def _fail(key: str, rule: str, value: Any, fix: str) -> None:

@@ -30,11 +30,11 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from llm_pg.losses import micro_batch_mean
+from llm_pg.core.losses import micro_batch_mean, split_token_counts
+from llm_pg.core.rollout import RolloutBatch
+from llm_pg.models.parallel import is_sharded
 from llm_pg.modules.distributed import average_gradients, backward_sync_off
 from llm_pg.modules.logprobs import prefix_sharing_in_graph
-from llm_pg.rollout import RolloutBatch
-from llm_pg.strategies import is_sharded
 
 
 def _all_reduce(value: float, op: torch.distributed.ReduceOp, device: torch.device) -> float:
@@ -74,7 +74,7 @@ def grouped_passes(module, rows: int, steps: int) -> bool:
 
     When a pass is one optimizer step over micro-batches of equal size (and prefix sharing is on), the step is a
     sum over rows whatever rows run together, once each row's token means are taken over its own micro-batch of the
-    split (`split_token_counts`, `losses.micro_batch_mean`): the policy term is a mean over rows, and the KL term
+    split (`losses.split_token_counts`, `losses.micro_batch_mean`): the policy term is a mean over rows, and the KL term
     and the logged token means divide each row's token sum by its micro-batch's token count. The shuffled split
     is still drawn, so the step is the course's, float rounding apart.
     """
@@ -99,16 +99,6 @@ def forward_rows(rollout: RolloutBatch, minibatch_size: int, by_length: bool) ->
     if by_length:
         order = torch.sort(rollout.attention_mask.sum(1).cpu(), descending=True, stable=True).indices
     return [order[start : start + minibatch_size] for start in range(0, len(rollout), minibatch_size)]
-
-
-def split_token_counts(mask: Tensor, micro: list[Tensor]) -> Tensor:
-    """`[N]`: for each row, the completion tokens of the micro-batch `micro` puts it in (`mask` `[N, C]`)."""
-    tokens = mask.sum(1).float()  # [N]
-    counts = torch.empty_like(tokens)
-    for index in micro:
-        index = index.to(mask.device)
-        counts[index] = tokens[index].sum()
-    return counts
 
 
 def _step_tokens(module, rollout: RolloutBatch, group: list[Tensor]) -> float:
@@ -149,7 +139,7 @@ def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple
             num_tokens = _step_tokens(module, rollout, group) if token_mean else None
             for index in group:
                 part = rollout.select(index).trimmed()
-                logp, entropy = module.sequence_logprobs(module.policy, part, with_entropy=True)  # [b, w]
+                logp, entropy = module.completion_logprobs(module.policy, part, with_entropy=True)  # [b, w]
                 if fill_old and epoch == 0:
                     part.old_logp = logp.detach()
                     rollout.old_logp[index.to(logp.device), : logp.shape[1]] = part.old_logp

@@ -10,8 +10,8 @@ several points between seeds).
     python -m llm_pg.tiny.evaluate                      # the committed checkpoint
     python -m llm_pg.tiny.evaluate --model runs/tiny-pretrain/step-1200 --check
 
-torch and transformers (through `llm_pg.generation` and `llm_pg.evaluation`) are imported inside the functions
-that sample, so `llm-pg eval-tiny --help` and the targets import at once.
+torch and transformers (through `llm_pg.models.generation` and `llm_pg.callbacks.sharded_eval`) are imported inside
+the functions that sample, so `llm-pg eval-tiny --help` and the targets import at once.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llm_pg.assets import TINY_CHAT_DIR
 from llm_pg.data.tasks import ArithTask, FormatCopyTask
 from llm_pg.data.tasks.base import Task
-from llm_pg.tiny import TINY_CHAT_DIR
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -57,8 +57,8 @@ def evaluate_task(
     max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> dict[str, float]:
     """Greedy exact match, and T=1 sampled reward, pass@1 and pass@8 (of `num_samples` >= 8 per prompt)."""
-    from llm_pg.evaluation import pass_at_k
-    from llm_pg.generation import generate
+    from llm_pg.callbacks.sharded_eval import pass_at_k
+    from llm_pg.models.generation import generate
 
     if num_samples < max(PASS_AT):
         raise ValueError(f"num_samples must be >= {max(PASS_AT)} for pass@{max(PASS_AT)}, got {num_samples}")
@@ -129,9 +129,10 @@ def format_table(metrics: dict[str, dict[str, float]]) -> str:
 
 
 def __getattr__(name: str):
-    """`pass_at_k` is `llm_pg.evaluation.pass_at_k`, imported on first use: that module loads torch and Lightning."""
+    """`pass_at_k` is `llm_pg.callbacks.sharded_eval.pass_at_k`, imported on first use: that module loads torch and
+    Lightning."""
     if name == "pass_at_k":
-        from llm_pg.evaluation import pass_at_k
+        from llm_pg.callbacks.sharded_eval import pass_at_k
 
         return pass_at_k
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -146,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llm_pg.console import silence_known_noise
+    from llm_pg.cli.console import silence_known_noise
 
     silence_known_noise()  # transformers' weight-loading bar
     model = AutoModelForCausalLM.from_pretrained(args.model)

@@ -30,7 +30,7 @@ from typing import Any
 from llm_pg.data.tasks.base import Example, Score, Task
 from llm_pg.data.tasks.math_data import load_split
 from llm_pg.data.tasks.rewards import resolve_rewards
-from llm_pg.user_modules import find_file, lookup_dirs
+from llm_pg.data.user_code import find_file, lookup_dirs
 
 __all__ = ["DatasetTask"]
 
@@ -58,7 +58,7 @@ class DatasetTask(Task):
 
     `dataset` is a hub id, a local directory, or a builder (`json`, `csv`, `parquet`) reading `data_files`: a
     path, a list, or a split -> path(s) mapping; a relative path is looked up beside the config file, then in
-    the working directory (`llm_pg.user_modules.find_file`). Give `prompt_column` or `prompt_template`
+    the working directory (`llm_pg.data.user_code.find_file`). Give `prompt_column` or `prompt_template`
     (neither: the column `prompt`). Data loads in `prepare()` (or on first use), not in `__init__`; missing
     files and columns, unreadable files and empty splits are one-line ValueErrors naming the file or column.
     The training stream walks the train rows in a fresh seeded permutation per epoch, as math_hard does.

@@ -17,7 +17,7 @@ A user function's float counts as correct when it is at least 1.0 (the top of a 
 function whose maximum is elsewhere returns a `Score` with its own `correct`. A function that raises, or returns
 a non-finite value or something that is neither a number nor a `Score`, raises `RewardError` naming the function
 and the value (an exception's type, message and line); the rollout stops the run with it in one line, adding the
-row (`llm_pg.guards`). Nothing is swallowed: the original exception is the `RewardError`'s `__cause__`.
+row (`llm_pg.runs.guards`). Nothing is swallowed: the original exception is the `RewardError`'s `__cause__`.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def _import_function(entry: str) -> Callable[[str, Example], float | Score]:
             raise  # the module exists but imports something missing: its own traceback says what
         raise ValueError(
             f"reward '{entry}': no module '{module_name}' beside the config, in the working directory or on "
-            "sys.path (llm_pg.user_modules)"
+            "sys.path (llm_pg.data.user_code)"
         ) from None
     fn = getattr(module, attribute, None)
     if not callable(fn):

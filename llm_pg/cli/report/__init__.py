@@ -23,9 +23,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from llm_pg.report.compare import bootstrap_interval, comparison_note, comparison_table, pick_reference
-from llm_pg.report.plots import band, plot, smoothed
-from llm_pg.report.runs import (
+from llm_pg.cli.report.compare import bootstrap_interval, comparison_note, comparison_table, pick_reference
+from llm_pg.cli.report.plots import band, plot, smoothed
+from llm_pg.cli.report.runs import (
     TARGET,
     DamagedRun,
     RunLog,

@@ -28,6 +28,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from llm_pg.callbacks import IterationCheckpoint, progress_bar
 from llm_pg.callbacks.checkpoint import (
+    NoChecksum,
     VerifiedCheckpointIO,
     newest_verified,
     read_header,
@@ -35,18 +36,26 @@ from llm_pg.callbacks.checkpoint import (
     usable_header,
     verify,
 )
-from llm_pg.console import silence_known_noise
+from llm_pg.cli.console import silence_known_noise
+from llm_pg.cli.summary import finish_run
 from llm_pg.data.datamodule import PromptGroupDataModule
-from llm_pg.entry import is_own, run_own
-from llm_pg.guards import RunStopped
-from llm_pg.loggers import default_loggers
+from llm_pg.data.user_code import add_config_dirs
 from llm_pg.modules.base import PolicyGradientModule
-from llm_pg.preflight import check_model, check_task_data, not_a_mapping, one_line
-from llm_pg.run_config import class_defaults, config_changes, plain_config
-from llm_pg.run_logs import trim_logs
-from llm_pg.runs import RunDirError, RunLock, claim, is_rank_zero, mark_complete, run_directory, trained_contents
-from llm_pg.summary import finish_run
-from llm_pg.user_modules import add_config_dirs
+from llm_pg.runs.config import class_defaults, config_changes, plain_config
+from llm_pg.runs.directory import (
+    RunDirError,
+    RunLock,
+    claim,
+    default_run_name,
+    is_rank_zero,
+    mark_complete,
+    run_directory,
+    trained_contents,
+)
+from llm_pg.runs.guards import RunStopped
+from llm_pg.runs.loggers import default_loggers
+from llm_pg.runs.logs import trim_logs
+from llm_pg.runs.preflight import check_model, check_task_data, not_a_mapping, one_line
 
 
 def _debug() -> bool:
@@ -103,7 +112,7 @@ class RunSession:
 class LLMPGCLI(LightningCLI):
     def __init__(self, *args, session: RunSession | None = None, **kwargs) -> None:
         self.session = session or RunSession(kwargs.get("args"))
-        self.summary: dict[str, Any] | None = None  # the end-of-run numbers (`llm_pg.summary.summarize_run`)
+        self.summary: dict[str, Any] | None = None  # the end-of-run numbers (`llm_pg.cli.summary.summarize_run`)
         kwargs.setdefault("parser_class", OneLineErrorParser)
         super().__init__(*args, **kwargs)
 
@@ -149,7 +158,7 @@ class LLMPGCLI(LightningCLI):
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         if config.run_name is None:
-            config.run_name = _default_run_name(config)
+            config.run_name = default_run_name((config.get("config") or [None])[-1], config.seed)
         config.trainer.default_root_dir = str(run_directory(config.runs_root, config.run_name))  # a name, inside
         if self.subcommand == "fit":  # evaluation during fit is the EvalCallback's, by iteration
             config.trainer.limit_val_batches = 0
@@ -187,7 +196,7 @@ class LLMPGCLI(LightningCLI):
 
     def _preflight(self, config) -> None:
         """Before the run dir is touched (the module's and the datamodule's constructors have checked their keys):
-        the task's data, the tokenizer and the LoRA targets (`llm_pg.preflight`), each failure one line."""
+        the task's data, the tokenizer and the LoRA targets (`llm_pg.runs.preflight`), each failure one line."""
         check_task_data(self.datamodule.task)
         check_model(self.model.hparams, self.model.lora)
 
@@ -283,7 +292,7 @@ def _resolve_checkpoint(ckpt_path: str, directory: Path, announce: bool, verb: s
     damaged ones passed over and `llm-pg: <verb> <path>`."""
     if ckpt_path != "last":
         reason = verify(ckpt_path)
-        if reason == "no .sha256 beside it":
+        if isinstance(reason, NoChecksum):
             reason = usable_header(ckpt_path)
         elif reason is None:
             reason = usable(ckpt_path)
@@ -316,18 +325,6 @@ def _first_save(cadence, directory: Path) -> int:
     return first
 
 
-def _default_run_name(config) -> str:
-    """`tiny_format_copy_grpo` for configs/tiny/format_copy_grpo.yaml (`<folder>_<file stem>`, the stem alone for
-    a file directly in `configs/`), seed appended when not 0; the same name from any working directory."""
-    paths = [str(p) for p in (config.get("config") or [])]
-    if paths:
-        path = Path(paths[-1]).resolve()
-        name = f"{path.parent.name}_{path.stem}" if path.parent.name != "configs" else path.stem
-    else:
-        name = "run"
-    return name if config.seed == 0 else f"{name}_seed{config.seed}"
-
-
 def run_cli(args: list[str] | None = None, session: RunSession | None = None) -> LLMPGCLI:
     """LightningCLI on `args` (None: sys.argv). Raises RunInterrupted when SIGTERM/SIGINT stopped `fit`."""
     session = session or RunSession(args)
@@ -354,13 +351,11 @@ def run_cli(args: list[str] | None = None, session: RunSession | None = None) ->
 
 def main(argv: list[str] | None = None) -> None:
     words = sys.argv[1:] if argv is None else list(argv)
-    if is_own(words):  # the help and the project's own commands: the `llm-pg` script answers those itself
-        sys.exit(run_own(words))
     silence_known_noise()
     if "--debug" in words:
         words.remove("--debug")
         os.environ["LLM_PG_DEBUG"] = "1"
-    add_config_dirs(words)  # modules named in a config resolve beside it (llm_pg.user_modules)
+    add_config_dirs(words)  # modules named in a config resolve beside it (llm_pg.data.user_code)
     session = RunSession(words)
     sys.argv[1:] = words  # LightningCLI reads sys.argv itself (and warns when given args that differ from it)
     try:

@@ -100,7 +100,7 @@ def resume_flag(run_dir: str | Path) -> list[str]:
     `llm-pg fit` refuses a fresh start into a run dir that holds files; with `--ckpt_path last` it continues
     from the newest checkpoint that verifies, or starts afresh when the attempt died before its first one.
     """
-    from llm_pg.runs import has_contents  # imports Lightning (seconds): not for `llm-pg sweep --help`
+    from llm_pg.runs.directory import has_contents  # imports Lightning (seconds): not for `llm-pg sweep --help`
 
     return ["--ckpt_path", "last"] if has_contents(run_dir) else []
 
@@ -184,7 +184,7 @@ def main(argv: Sequence[str]) -> int:
     runs = select(expand(spec), _csv(args.seeds, int), _csv(args.only))
     if not runs:
         parser.error(f"--seeds {args.seeds} selects none of the sweep's seeds {spec.get('seeds', [0])}")
-    from llm_pg.runs import is_complete  # imports Lightning (seconds): after the arguments parsed
+    from llm_pg.runs.directory import is_complete  # imports Lightning (seconds): after the arguments parsed
 
     failed: list[str] = []
     finished = 0
@@ -199,7 +199,7 @@ def main(argv: Sequence[str]) -> int:
         if args.dry_run or done:
             finished += done
             continue
-        returncode = subprocess.run([sys.executable, "-m", "llm_pg.cli", "fit", *fit_args], check=False).returncode
+        returncode = subprocess.run([sys.executable, "-m", "llm_pg.cli.fit", "fit", *fit_args], check=False).returncode
         if returncode == 0:
             finished += 1
             continue

@@ -2,7 +2,7 @@
 
 `llm-pg --help`, `llm-pg sweep|report|bundle|pretrain-tiny|eval-tiny ...` import only the command's own module
 (each keeps torch, Lightning and transformers inside the functions that need them), so their help answers at once.
-`fit` and `validate` go to `llm_pg.cli.main` (LightningCLI), which is imported only then. This module imports
+`fit` and `validate` go to `llm_pg.cli.fit.main` (LightningCLI), which is imported only then. This module imports
 nothing but the standard library (tests/test_entry.py checks `sys.modules`).
 """
 
@@ -16,10 +16,13 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str | None]] = {
     "fit": ("train a policy with RL: llm-pg fit --config configs/tiny/format_copy_grpo.yaml", None),
     "validate": ("greedy evaluation on the task's eval set: the pre-RL baseline", None),
-    "sweep": ("run a sweep file's runs here, one after another (finished ones skipped)", "llm_pg.sweep"),
-    "report": ("plots, a comparison table and sampled generations from run directories", "llm_pg.report"),
-    "bundle": ("zip the configs, metrics, generations and final weights of runs", "llm_pg.bundle"),
-    "real-model": ("prepare the real model offline: model_name_or_path: smollm2-135m-instruct", "llm_pg.real_model"),
+    "sweep": ("run a sweep file's runs here, one after another (finished ones skipped)", "llm_pg.cli.sweep"),
+    "report": ("plots, a comparison table and sampled generations from run directories", "llm_pg.cli.report"),
+    "bundle": ("zip the configs, metrics, generations and final weights of runs", "llm_pg.cli.bundle"),
+    "real-model": (
+        "prepare the real model offline: model_name_or_path: smollm2-135m-instruct",
+        "llm_pg.models.real_model",
+    ),
     "pretrain-tiny": ("remake the bundled tiny CPU model (llm_pg/assets/tiny-chat)", "llm_pg.tiny.pretrain"),
     "eval-tiny": ("measure the tiny model's base metrics on the tiny tasks", "llm_pg.tiny.evaluate"),
 }
@@ -60,13 +63,13 @@ def run_own(words: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`llm-pg ...`: the project's commands here, `fit` / `validate` (and any other word) via `llm_pg.cli.main`."""
+    """`llm-pg ...`: the project's commands here, `fit` / `validate` (and any other word) via `llm_pg.cli.fit.main`."""
     words = list(sys.argv[1:] if argv is None else argv)
     if is_own(words):
         sys.exit(run_own(words))
     if words[0] in COMMANDS and ("-h" in words or "--help" in words):
         print(SUBCOMMAND_HINT.format(command=words[0]), flush=True)
-    from llm_pg.cli import main as cli_main  # torch, Lightning, transformers: seconds, so only now
+    from llm_pg.cli.fit import main as cli_main  # torch, Lightning, transformers: seconds, so only now
 
     cli_main(words)
 

@@ -12,7 +12,7 @@ from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from llm_pg.runs import write_text_atomic
+from llm_pg.runs.directory import write_text_atomic
 
 
 class AtomicExperimentWriter(ExperimentWriter):
@@ -21,7 +21,7 @@ class AtomicExperimentWriter(ExperimentWriter):
     Lightning's writer deletes an existing `metrics.csv` when it starts and rewrites the whole file in place when a
     new column appears: a kill or a full disk in either window loses the run's metrics. This one adopts the file it
     finds (its header becomes the column list, so rows are appended under it) and rewrites through a temp file,
-    fsync and `os.replace`. A fresh start finds no file: `llm_pg.runs.claim` and `llm_pg.run_logs.trim_logs` have
+    fsync and `os.replace`. A fresh start finds no file: `runs.directory.claim` and `runs.logs.trim_logs` have
     made sure the file there, if any, holds only rows this run replays.
     """
 
@@ -52,7 +52,7 @@ class AtomicExperimentWriter(ExperimentWriter):
 
 class ResumableCSVLogger(CSVLogger):
     """A CSVLogger writing `<run dir>/metrics.csv` with `AtomicExperimentWriter`: a resumed run appends to the rows
-    already there (the CLI has dropped those of iterations after the checkpoint, `llm_pg.run_logs.trim_logs`, so the
+    already there (the CLI has dropped those of iterations after the checkpoint, `runs.logs.trim_logs`, so the
     replay writes each iteration's row once). Rows reach the file when the checkpoint callback flushes the loggers,
     after every iteration."""
 

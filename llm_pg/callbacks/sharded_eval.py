@@ -19,9 +19,9 @@ from collections.abc import Sequence
 import lightning as L
 import torch
 
+from llm_pg.core.rollout import derive_seed
 from llm_pg.data.tasks.base import Example, Task
-from llm_pg.guards import RunStopped, checked_scores, stop_together
-from llm_pg.rollout import derive_seed
+from llm_pg.runs.guards import RunStopped, checked_scores, stop_together
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:

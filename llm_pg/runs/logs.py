@@ -1,7 +1,7 @@
 """What a resume keeps of a run's logs: before a run continues from the checkpoint of iteration `k`, the rows that
 later iterations logged are dropped, so the replay writes each iteration's rows exactly once.
 
-Every rewrite goes through a temp file, fsync and `os.replace` (`llm_pg.runs.write_text_atomic`): a kill or a full
+Every rewrite goes through a temp file, fsync and `os.replace` (`runs.directory.write_text_atomic`): a kill or a full
 disk at any moment leaves the old file or the new one, never none. Only files of this trainer's own names are
 touched (`metrics.csv`, `generations.jsonl`, `eval/iter_XXXXX.jsonl`, `COMPLETE`); anything else a user put in the
 run directory stays.
@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from llm_pg.runs import COMPLETE, RunDirError, write_text_atomic
+from llm_pg.runs.directory import COMPLETE, RunDirError, write_text_atomic
 
 EVAL_FILE = re.compile(r"^iter_(\d+)\.jsonl$")
 
@@ -29,8 +29,9 @@ def trim_logs(directory: str | Path, iteration: int | None, final: bool = False)
     so does `COMPLETE` (the run is training again). `final`: the checkpoint is the run's last iteration, whose
     end-of-training evaluation the resume runs again, so that evaluation's row goes too.
 
-    The CLI calls it with None only for a directory that holds no trained iteration (`runs.trained_contents`), so a
-    fresh start drops at most the iteration-0 evaluation a killed first iteration left.
+    The CLI calls it with None only for a directory that holds no trained iteration
+    (`runs.directory.trained_contents`), so a fresh start drops at most the iteration-0 evaluation a killed first
+    iteration left.
     """
     directory = Path(directory)
     (directory / COMPLETE).unlink(missing_ok=True)

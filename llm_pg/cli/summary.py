@@ -20,8 +20,8 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.loggers import WandbLogger
 
-from llm_pg.report import write_report
-from llm_pg.report.runs import read_run
+from llm_pg.cli.report import write_report
+from llm_pg.cli.report.runs import read_run
 
 REWARD_WINDOW = 3  # iterations averaged at each end of the reward curve: one iteration's mean is noisy
 

@@ -1,6 +1,6 @@
 """The KV cache and the decode steps of HF sampling: `ReservedLayer` writes each decoded position in place
 (`reserved_cache` gives `generate` a cache of them), and `compiled_forward` runs the decode steps through
-`torch.compile` (`compile_generation`). `llm_pg.generation.generate` uses both."""
+`torch.compile` (`compile_generation`). `llm_pg.models.generation.generate` uses both."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from llm_pg.models import CACHE_NAME
+from llm_pg.models.cache import CACHE_NAME
 
 _COMPILED: dict[type, Callable] = {}  # one compiled forward per model class; its graphs serve every instance
 _FAILED: set[type] = set()  # classes whose compile failed: they decode eagerly from then on

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -89,9 +90,12 @@ def approx_kl(logp: Tensor, ref_logp: Tensor, clamp: float = 20.0) -> Tensor:
     return torch.exp(d) - d - 1.0
 
 
-ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
-LOSS_AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
-RATIO_LEVELS = ("token", "sequence")
+Advantage = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]  # the estimators of `advantages`
+LossAggregation = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
+RatioLevel = Literal["token", "sequence"]  # the course's per-token ratio, or GSPO's per-sequence one
+ADVANTAGE_ESTIMATORS = get_args(Advantage)
+LOSS_AGGREGATIONS = get_args(LossAggregation)
+RATIO_LEVELS = get_args(RatioLevel)
 SETTLED_RTOL = 1e-6  # rewards closer than this (relative to max(1, |r|)) are "equal": float noise, not signal
 
 
@@ -150,6 +154,16 @@ def micro_batch_mean(x: Tensor, mask: Tensor, split_tokens: Tensor | None = None
     if split_tokens is None:
         return masked_mean(x, mask)
     return ((x * mask.to(x.dtype)).sum(1) / split_tokens.to(x.dtype).clamp(min=1.0)).sum()
+
+
+def split_token_counts(mask: Tensor, micro: list[Tensor]) -> Tensor:
+    """`[N]`: for each row, the completion tokens of the micro-batch `micro` puts it in (`mask` `[N, C]`)."""
+    tokens = mask.sum(1).float()  # [N]
+    counts = torch.empty_like(tokens)
+    for index in micro:
+        index = index.to(mask.device)
+        counts[index] = tokens[index].sum()
+    return counts
 
 
 def advantages(rewards: Tensor, group_size: int, estimator: str = "grpo", eps: float = 1e-6) -> Tensor:

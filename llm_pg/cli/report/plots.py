@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llm_pg.report.runs import TARGET, RunLog, summarize
+from llm_pg.cli.report.runs import TARGET, RunLog, summarize
 
 PLOTS = {  # metrics.csv column -> (file stem, title, y label)
     "eval/exact_match": ("eval_exact_match", "Eval exact match (greedy)", "exact match"),

@@ -1,9 +1,5 @@
-"""Load the policy, the frozen reference and the tokenizer from a hub id or a local directory.
-
-Precision: the policy is loaded in the dtype the optimizer should update (`master_dtype`), and forward
-passes run under autocast in the compute dtype. Full fine-tuning in bf16 therefore keeps float32 master
-weights (AdamW steps of lr 3e-5 round away on bf16 weights); with LoRA the frozen base is loaded in the
-compute dtype and peft (`autocast_adapter_dtype=True`, its default) keeps the adapter weights in float32.
+"""The KV cache and activation checkpointing across transformers versions, and the prompt cache that prefix
+sharing keeps under gradient checkpointing.
 
 Two transformers names changed inside the range pyproject allows (5.x): 5.23 renamed `gradient_checkpointing_enable`
 to `activation_checkpointing_enable`, 5.24 the KV cache argument and output field `past_key_values` to `cache`. The
@@ -17,22 +13,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
 from packaging.version import Version
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from llm_pg import real_model
-from llm_pg.tiny import TINY_CHAT_DIR
-
-TINY_MODEL = str(TINY_CHAT_DIR)
 _TRANSFORMERS = Version(transformers.__version__).release  # (5, 24, 0) for 5.24.0 and its dev and rc builds
 CACHE_NAME = "cache" if _TRANSFORMERS >= (5, 24) else "past_key_values"  # the KV cache's kwarg and output field
 
@@ -144,127 +134,3 @@ class PromptCache(Cache):
                 _PromptRowsLayer(m.keys.index_select(0, index), m.values.index_select(0, index)) for m in self.layers
             ]
         )
-
-
-@dataclass
-class LoRA:
-    """LoRA adapter settings (peft). `r = 0` means full fine-tuning."""
-
-    r: int = 0
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-
-
-def resolve_model_path(name_or_path: str) -> str:
-    """`tiny` names the bundled model, `smollm2-135m-instruct` the one `llm-pg real-model` prepared (one line
-    giving the command when it has not); a path-like name must exist; anything else is a hub id."""
-    if name_or_path == "tiny":
-        return TINY_MODEL
-    if name_or_path == real_model.NAME:
-        return str(real_model.prepared_dir())
-    looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
-    if looks_local and not Path(name_or_path).expanduser().is_dir():
-        raise ValueError(
-            f"model.model_name_or_path: no model directory at {name_or_path!r}; give an existing directory "
-            "with config.json and weights, a hub id such as 'Qwen/Qwen2.5-Math-1.5B-Instruct', or 'tiny'"
-        )
-    return str(Path(name_or_path).expanduser()) if looks_local else name_or_path
-
-
-def default_dtype(device: torch.device | str) -> torch.dtype:
-    """The compute dtype when none is given: bf16 on a GPU, float32 on the CPU."""
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-
-
-def master_dtype(compute_dtype: torch.dtype, lora: LoRA | None) -> torch.dtype:
-    """The dtype to load the policy in: float32 for full fine-tuning (the optimizer's master weights), the
-    compute dtype with LoRA (the base is frozen; peft keeps the adapter in float32)."""
-    return compute_dtype if lora is not None and lora.r > 0 else torch.float32
-
-
-def check_hub_model(name_or_path: str) -> None:
-    """Fail within seconds when a hub id is neither cached nor reachable, instead of after `from_pretrained`'s
-    retries (about 50 s without a network). Local directories and cached hub ids pass without a request."""
-    from huggingface_hub import constants, model_info, try_to_load_from_cache
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
-
-    path = resolve_model_path(name_or_path)
-    if Path(path).is_dir() or isinstance(try_to_load_from_cache(path, "config.json"), str):
-        return
-    hint = "pre-download it with `hf download` (then HF_HUB_OFFLINE=1 works) or give a local directory"
-    if constants.HF_HUB_OFFLINE:
-        raise RuntimeError(
-            f"model.model_name_or_path: {path!r} is not in the local hub cache and HF_HUB_OFFLINE is set; {hint}"
-        )
-    try:
-        model_info(path, timeout=5)
-    except RepositoryNotFoundError:
-        raise ValueError(
-            f"model.model_name_or_path: no model {path!r} on {constants.ENDPOINT} (or it is private: `hf auth login`); "
-            "check the hub id"
-        ) from None
-    except HfHubHTTPError:
-        return  # the hub answered (gated, rate-limited, ...): from_pretrained reports it precisely
-    except Exception as err:  # DNS, refused or timed-out connection: the hub cannot be reached
-        raise RuntimeError(
-            f"model.model_name_or_path: cannot reach {constants.ENDPOINT} to download {path!r} "
-            f"({err.__class__.__name__}: {err}); {hint}"
-        ) from None
-
-
-def _load(fn, name: str, **kwargs):
-    try:
-        return fn(name, **kwargs)
-    except OSError as err:  # offline with nothing cached, or a wrong id: say so in one line
-        raise RuntimeError(
-            f"could not load {name!r} ({err.__class__.__name__}: {str(err).splitlines()[0]}). Check the hub id, "
-            "or point model.model_name_or_path at a local directory; offline, pre-download it with "
-            "`huggingface-cli download` and set HF_HUB_OFFLINE=1"
-        ) from None
-
-
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer, left-padded for generation, with a pad token (the EOS token when it has none)."""
-    check_hub_model(name_or_path)
-    tokenizer = _load(AutoTokenizer.from_pretrained, resolve_model_path(name_or_path))
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def load_policy(
-    name_or_path: str, dtype: torch.dtype, lora: LoRA | None = None, gradient_checkpointing: bool = False
-) -> PreTrainedModel:
-    """The trainable policy in `dtype`: the full model, or the base model wrapped with a fresh LoRA adapter
-    (whose weights peft keeps in float32 whatever `dtype` is)."""
-    check_hub_model(name_or_path)
-    model = _load(AutoModelForCausalLM.from_pretrained, resolve_model_path(name_or_path), dtype=dtype)
-    if gradient_checkpointing:
-        enable_activation_checkpointing(model)
-        model.config.use_cache = False  # generate() turns the cache back on in eval mode
-    if lora is not None and lora.r > 0:
-        from peft import LoraConfig, get_peft_model
-
-        config = LoraConfig(
-            r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(model, config)
-        if gradient_checkpointing:
-            model.enable_input_require_grads()
-    return model
-
-
-def load_reference(name_or_path: str, dtype: torch.dtype) -> PreTrainedModel:
-    """A frozen copy of the base model for the KL reference, in the compute dtype: eval mode, no gradients.
-
-    Loaded anew rather than copied from the policy, whose float32 master weights would double its memory."""
-    reference = _load(AutoModelForCausalLM.from_pretrained, resolve_model_path(name_or_path), dtype=dtype)
-    reference.eval()
-    reference.requires_grad_(False)
-    return reference

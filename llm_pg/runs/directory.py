@@ -7,7 +7,7 @@ owner's pid and host, released by the kernel when the process ends, so a killed 
 a fresh start into a directory that already holds a run; `--overwrite true` renames the whole directory to
 `<dir>.old-<time>` in one atomic rename, so an interrupted overwrite leaves the old run whole on one side or the other.
 Nothing here deletes a file of a run. `COMPLETE` is written last, after `final/`, and only when training reached its
-last iteration: it, not `final/`, says a run is finished. What a resume keeps of the logs is `llm_pg.run_logs`.
+last iteration: it, not `final/`, says a run is finished. What a resume keeps of the logs is `llm_pg.runs.logs`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,18 @@ OWNERSHIP_HELP = "continue it with --ckpt_path last, pick a new --run_name, or -
 
 class RunDirError(ValueError):
     """A run directory cannot be used as asked; the message says why and the ways out."""
+
+
+def default_run_name(config: str | Path | None, seed: int = 0) -> str:
+    """The run name `llm-pg fit` and launch.py give a run without `--run_name`: `tiny_format_copy_grpo` for
+    configs/tiny/format_copy_grpo.yaml (`<folder>_<file stem>`; the stem alone for a file directly in `configs/`),
+    `run` without a config file, `_seed<N>` appended when the seed is not 0; the same from any working directory."""
+    if config is None:
+        name = "run"
+    else:
+        path = Path(config).resolve()
+        name = f"{path.parent.name}_{path.stem}" if path.parent.name != "configs" else path.stem
+    return name if seed == 0 else f"{name}_seed{seed}"
 
 
 def runs_root_dir(runs_root: str) -> Path:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llm_pg.user_modules import config_files
+from llm_pg.data.user_code import config_files
 
 
 def one_line(message: str) -> str:
@@ -62,7 +62,7 @@ def check_task_data(task: Any) -> None:
 
 def check_model(hp: Any, lora: Any) -> None:
     """The tokenizer and the LoRA targets of `model.init_args` (`hp`: the module's hparams; `lora`: its LoRA)."""
-    from llm_pg.models import load_tokenizer, resolve_model_path
+    from llm_pg.models.loading import load_tokenizer, resolve_model_path
 
     name = hp.model_name_or_path
     fix = "save the tokenizer beside the weights (tokenizer.save_pretrained(dir)) or give a model that has one"

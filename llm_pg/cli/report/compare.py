@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from llm_pg.report.runs import TARGET, RunLog, summarize
+from llm_pg.cli.report.runs import TARGET, RunLog, summarize
 
 RESAMPLES = 10_000
 SEED = 0

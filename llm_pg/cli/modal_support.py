@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llm_pg.runs import is_complete
-from llm_pg.sweep import Run, override_args, resume_flag
+from llm_pg.cli.sweep import Run, override_args, resume_flag
+from llm_pg.runs.directory import default_run_name, is_complete
 
 REMOTE_ROOT = "/root"  # the package and configs in the container; the working directory of every run
 REMOTE_RUNS, REMOTE_HF = "/runs", "/hf-cache"
@@ -51,13 +51,6 @@ def parse_override(text: str) -> tuple[str, str]:
     return key, value
 
 
-def default_run_name(config: str, seed: int = 0) -> str:
-    """`llm-pg fit`'s default: `math_hard_grpo` for configs/math_hard/grpo.yaml, `_seed<N>` added when seed != 0."""
-    path = Path(config)
-    name = f"{path.parent.name}_{path.stem}" if path.parent.name != "configs" else path.stem
-    return name if seed == 0 else f"{name}_seed{seed}"
-
-
 def fit_command(
     config: str,
     overrides: Mapping[str, Any],
@@ -69,7 +62,7 @@ def fit_command(
     nodes: int = 1,
     strategy: str | None = "ddp",
 ) -> list[str]:
-    """The `llm-pg fit` process one launch runs (as `python -m llm_pg.cli`, which Lightning's DDP re-executes).
+    """The `llm-pg fit` process one launch runs (as `python -m llm_pg.cli.fit`, which Lightning's DDP re-executes).
 
     With more than one GPU in all, `--trainer.devices gpus` (per node), `--trainer.num_nodes nodes` and
     `--trainer.strategy strategy` (None: the config's own `trainer.strategy`, e.g. fsdp2)."""
@@ -82,7 +75,7 @@ def fit_command(
     if gpus * nodes > 1:
         parallel = ["--trainer.devices", str(gpus)] + (["--trainer.num_nodes", str(nodes)] if nodes > 1 else [])
         parallel += ["--trainer.strategy", strategy] if strategy else []
-    return [sys.executable, "-m", "llm_pg.cli", "fit", *args, *parallel]
+    return [sys.executable, "-m", "llm_pg.cli.fit", "fit", *args, *parallel]
 
 
 def config_strategy(path: str | Path) -> Any:
@@ -233,9 +226,9 @@ def prefetch_assets(config: str, overrides: Mapping[str, Any]) -> str:
     find them there instead of each downloading them; returns what it fetched."""
     from huggingface_hub import snapshot_download
 
-    from llm_pg.cli import LLMPGCLI
+    from llm_pg.cli.fit import LLMPGCLI
     from llm_pg.data.datamodule import PromptGroupDataModule
-    from llm_pg.models import resolve_model_path
+    from llm_pg.models.loading import resolve_model_path
     from llm_pg.modules.base import PolicyGradientModule
 
     args = ["--config", config, *override_args(overrides), "--wandb_project=null", "--trainer.accelerator=cpu"]

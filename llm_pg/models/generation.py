@@ -10,9 +10,9 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
-from llm_pg.decoding import compiled_forward, reserved_cache
-from llm_pg.models import kv_cache, with_kv_cache
-from llm_pg.sampling import NucleusSampler
+from llm_pg.models.cache import kv_cache, with_kv_cache
+from llm_pg.models.decoding import compiled_forward, reserved_cache
+from llm_pg.models.sampling import NucleusSampler
 
 Conversation = Sequence[dict[str, str]]
 
@@ -97,13 +97,13 @@ def generate(
     Sampling is plain temperature/top-p sampling: top-k and repetition penalties that a model's own
     generation config may carry are switched off, so the log-probs the trainer computes at `temperature`
     are those of the sampling distribution (up to top-p truncation). With `top_p < 1` the token is drawn by
-    `llm_pg.sampling.NucleusSampler` (transformers' nucleus, without sorting the vocabulary at every token).
+    `llm_pg.models.sampling.NucleusSampler` (transformers' nucleus, without sorting the vocabulary at every token).
     With `seed`, sampling draws from a forked RNG seeded with it: the same seed gives the same completions and
     global RNG state is untouched.
     With `share_prompt` and several samples, each prompt is prefilled once (`prompt_cache`) instead of once per
     sample; the tokens are those of the unshared prefill (the logits agree to float rounding). The cache is a
-    reserved one (`llm_pg.decoding.reserved_cache`: decoded positions written in place); with `compiled`, the decode
-    steps run through `torch.compile` (`llm_pg.decoding.compiled_forward`).
+    reserved one (`llm_pg.models.decoding.reserved_cache`: decoded positions written in place); with `compiled`, the
+    decode steps run through `torch.compile` (`llm_pg.models.decoding.compiled_forward`).
     """
     device = next(model.parameters()).device
     encoded = encode_prompts(tokenizer, conversations, max_prompt_tokens, chat_template)

@@ -1,10 +1,10 @@
 """The third-party messages `llm-pg` silences: each one a user of this trainer cannot act on.
 
 `silence_known_noise` is called by the commands that load models, after their arguments are parsed:
-`llm_pg.cli.main` (fit, validate) and `eval-tiny` (`pretrain-tiny` turns transformers' bars off itself); never by
-`llm-pg --help` or the other commands (`llm_pg.entry`), since this module imports Lightning and transformers.
+`llm_pg.cli.fit.main` (fit, validate) and `eval-tiny` (`pretrain-tiny` turns transformers' bars off itself); never by
+`llm-pg --help` or the other commands (`llm_pg.cli.entry`), since this module imports Lightning and transformers.
 Each filter names one message by its text (and category or logger): no blanket filter, so any other warning, error
-or log record still shows. The top-level help and the command table live in `llm_pg.entry`.
+or log record still shows. The top-level help and the command table live in `llm_pg.cli.entry`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ WARNINGS: list[tuple[str, type[Warning]]] = [
     # Lightning 2.6's own pytree helper uses a name torch 2.13 deprecates; nothing here calls it.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
     # transformers >= 5.23 renamed it; peft 0.21's PeftModel still reads the old name when it wraps a LoRA model.
-    # llm_pg names neither (llm_pg.models.activation_checkpointing).
+    # llm_pg names neither (llm_pg.models.cache.activation_checkpointing).
     (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
 ]
 
