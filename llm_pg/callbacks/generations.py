@@ -15,7 +15,7 @@ from llm_pg.data.tasks.base import Example, Score
 from llm_pg.models.generation import eos_token_ids
 from llm_pg.runs.directory import run_dir
 
-# `iteration` first: `llm_pg.runs.directory.trim_logs` reads it to drop the rows a resume replays.
+# `iteration` first: `llm_pg.runs.logs.trim_logs` reads it to drop the rows a resume replays.
 LEADING = ["iteration", "prompt", "answer", "completion", "reward"]
 TRAILING = ["correct", "advantage", "length", "truncated"]
 

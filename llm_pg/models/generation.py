@@ -136,7 +136,7 @@ def generate(
             pad_token_id=pad,
             use_cache=True,
             # transformers would turn this on for an FSDP model and all-reduce at every token; FSDP2 models are
-            # gathered once around the call instead (`llm_pg.modules.distributed.unsharded`), so ranks decode alone.
+            # gathered once around the call instead (`llm_pg.models.parallel.unsharded`), so ranks decode alone.
             synced_gpus=False,
             **(with_kv_cache(cache) if cache is not None else {}),
             **sampling,
