@@ -1,5 +1,6 @@
-"""Every `llm_pg.` dotted name a user reads or holds resolves: in configs/, examples/, docs/ and the README, and the
-class paths that configs and checkpoints saved before the layout change (issue 28) still name."""
+"""Every `llm_pg.` dotted name a user reads or holds resolves: in configs/, examples/, docs/, the README, the package's
+own docstrings and comments, the benchmarks and launch.py, and the class paths that configs and checkpoints saved
+before the layout change (issue 28) still name."""
 
 import importlib
 import re
@@ -13,6 +14,9 @@ SOURCES = [
     *sorted((ROOT / "docs").glob("*.md")),
     *sorted((ROOT / "configs").rglob("*.yaml")),
     *sorted(p for p in (ROOT / "examples").rglob("*") if p.suffix in {".py", ".yaml", ".md"}),
+    *sorted((ROOT / "llm_pg").rglob("*.py")),
+    *sorted((ROOT / "benchmarks").glob("*.py")),
+    ROOT / "launch.py",
 ]
 # What saved configs and checkpoints name (run directories' config.yaml, `hyper_parameters`, `trainer.strategy`).
 SAVED_BEFORE_THE_MOVE = [
