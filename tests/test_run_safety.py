@@ -189,9 +189,17 @@ def test_trim_logs_keeps_rows_up_to_the_checkpoint_and_drops_a_cut_row(tmp_path)
     (tmp_path / "COMPLETE").write_text("{}")
     trim_logs(tmp_path, 2)
     assert (tmp_path / "metrics.csv").read_bytes() == b"eval/x,step,train/r\r\n0.1,0,\r\n,1,0.3\r\n,2,0.7\r\n"
-    assert [json.loads(x)["iteration"] for x in (tmp_path / "generations.jsonl").read_text().splitlines()] == [0, 1]
+    # The rows count from 0 (a file from before the counter was 1-based): renumbered 1-4, then those <= 2 kept.
+    kept = [json.loads(x) for x in (tmp_path / "generations.jsonl").read_text().splitlines()]
+    assert [(row["iteration"], row["reward"]) for row in kept] == [(1, 0.0), (2, 0.1)]
     assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["iter_00000.jsonl", "iter_00002.jsonl"]
     assert not (tmp_path / "COMPLETE").exists()
+    # A 1-based file is trimmed as it is, byte for byte, and trimming again changes nothing.
+    lines = [json.dumps({"iteration": i, "reward": 0.5}) for i in (1, 2, 3)]
+    (tmp_path / "generations.jsonl").write_text("\n".join(lines) + "\n")
+    trim_logs(tmp_path, 2)
+    trim_logs(tmp_path, 2)
+    assert (tmp_path / "generations.jsonl").read_text() == "\n".join(lines[:2]) + "\n"
 
 
 def _main_error(capsys, *args) -> tuple[int, list[str]]:

@@ -55,16 +55,18 @@ def table_rows(
 
 
 class GenerationsCallback(Callback):
-    """Every `log_generations_every` iterations, logs whole groups of the rollout, at most `log_generations_rows`
-    rows (so advantages can be read against their group), to `<run dir>/generations.jsonl` and, with a W&B logger,
-    as the table `generations` (`table_rows` gives the columns)."""
+    """Every `log_generations_every` iterations (iterations 1, 1 + every, ...: the base policy's samples first), logs
+    whole groups of the rollout, at most `log_generations_rows` rows (so advantages can be read against their group),
+    to `<run dir>/generations.jsonl` and, with a W&B logger, as the table `generations` (`table_rows` gives the
+    columns). A row's `iteration` is the 1-based iteration that sampled it, the `step` of its metrics row."""
 
     @rank_zero_only
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx) -> None:
         hp = module.hparams
-        iteration = module.iteration - 1  # the iteration this batch was sampled for
+        iteration = module.iteration  # 1-based: the iteration that sampled this batch, the `step` it is logged at
         scored = batch["rollout"]  # a ScoredRollout
-        if hp.log_generations_every <= 0 or iteration % hp.log_generations_every != 0 or not len(scored.rows):
+        due = hp.log_generations_every > 0 and (iteration - 1) % hp.log_generations_every == 0  # 1, 1 + every, ...
+        if not due or not len(scored.rows):
             return
         columns, table = table_rows(
             iteration,

@@ -24,9 +24,10 @@ def trim_logs(directory: str | Path, iteration: int | None, final: bool = False)
     """Drop what iterations after `iteration` logged (None: a fresh start, which keeps no row).
 
     `metrics.csv` keeps rows with `step <= iteration` (and drops a row cut short by a kill);
-    `generations.jsonl` keeps rows sampled for iterations `< iteration` (a row's `iteration` is the one it was
-    sampled for, one less than the step that logged it); `eval/iter_j.jsonl` files with `j > iteration` go, and
-    so does `COMPLETE` (the run is training again). `final`: the checkpoint is the run's last iteration, whose
+    `generations.jsonl` keeps rows with `iteration <= iteration` (a row's `iteration` is the 1-based iteration that
+    sampled it, the `step` that logged it; a file written while the count started at 0, recognised by its rows of
+    iteration 0, is renumbered first, so one file never mixes the two); `eval/iter_j.jsonl` files with `j > iteration`
+    go, and so does `COMPLETE` (the run is training again). `final`: the checkpoint is the run's last iteration, whose
     end-of-training evaluation the resume runs again, so that evaluation's row goes too.
 
     The CLI calls it with None only for a directory that holds no trained iteration
@@ -40,18 +41,31 @@ def trim_logs(directory: str | Path, iteration: int | None, final: bool = False)
     if metrics.is_file():
         _trim_csv(metrics, keep_up_to, final)
     if generations.is_file():
-        kept = []
-        for line in generations.read_text(errors="replace").splitlines():
-            try:
-                if json.loads(line)["iteration"] < keep_up_to:
-                    kept.append(line + "\n")
-            except (ValueError, KeyError, TypeError):  # a line cut short by a kill
-                continue
-        write_text_atomic(generations, "".join(kept))
+        write_text_atomic(generations, "".join(_kept_generations(generations, keep_up_to)))
     for path in (directory / "eval").glob("iter_*.jsonl"):
         found = EVAL_FILE.match(path.name)
         if found and path.is_file() and int(found.group(1)) > keep_up_to:
             path.unlink()
+
+
+def _kept_generations(path: Path, iteration: int) -> list[str]:
+    """The lines of `generations.jsonl` that iterations up to `iteration` logged, 1-based. A file whose rows count
+    from 0 (written before the counter was 1-based: its first logged iteration, always kept, is 0) has every row's
+    `iteration` raised by one; a line cut short by a kill is dropped."""
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+            if isinstance(row, dict) and isinstance(row["iteration"], int):
+                rows.append((row, line))
+        except (ValueError, KeyError, TypeError):
+            continue
+    shift = 1 if any(row["iteration"] == 0 for row, _ in rows) else 0
+    kept = []
+    for row, line in rows:
+        if row["iteration"] + shift <= iteration:
+            kept.append((json.dumps(row | {"iteration": row["iteration"] + 1}) if shift else line) + "\n")
+    return kept
 
 
 def _trim_csv(path: Path, iteration: int, final: bool) -> None:
