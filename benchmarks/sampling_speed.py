@@ -23,6 +23,7 @@ from transformers import LogitsProcessorList
 
 from llm_pg.data.tasks import FormatCopyTask
 from llm_pg.models import generation
+from llm_pg.models.generation import Sampling
 from llm_pg.models.loading import LoRA, load_policy, load_tokenizer
 
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -40,14 +41,14 @@ def main() -> None:
     task = FormatCopyTask()
     task.bind_seed(0)
     conversations = [task.messages(task.train_example(i, 0)) for i in range(8)]
-    settings = {"num_samples": 6, "max_new_tokens": 24, "min_new_tokens": 1, "temperature": 0.8, "top_p": 0.95}
+    settings = Sampling(max_new_tokens=24, min_new_tokens=1, temperature=0.8, top_p=0.95)
     original = policy.generate
 
     def transformers_top_p(*call_args, **kwargs):
         """`generate` as before the nucleus sampler: transformers' warper and multinomial draw."""
         if isinstance(kwargs.get("logits_processor"), LogitsProcessorList):
             kwargs.pop("logits_processor")
-            kwargs.update(do_sample=True, temperature=settings["temperature"], top_p=settings["top_p"], top_k=0)
+            kwargs.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=0)
         return original(*call_args, **kwargs)
 
     times: dict[str, list[float]] = {"nucleus": [], "transformers": []}
@@ -55,7 +56,7 @@ def main() -> None:
         for side in ("nucleus", "transformers") if rep % 2 == 0 else ("transformers", "nucleus"):
             policy.generate = original if side == "nucleus" else transformers_top_p
             start = time.perf_counter()
-            out = generation.generate(policy, tokenizer, conversations, seed=rep, **settings)
+            out = generation.generate(policy, tokenizer, conversations, settings, num_samples=6, seed=rep)
             times[side].append(time.perf_counter() - start)
             tokens = int((out.completion_ids != tokenizer.pad_token_id).sum())
             print(f"rep {rep} {side:>12}: {times[side][-1]:.2f} s ({tokens} completion tokens other than EOS/pad)")

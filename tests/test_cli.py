@@ -208,11 +208,6 @@ def test_bad_settings_name_the_key_and_the_fix(tmp_path, override, message):
         fit(tmp_path, "tiny", override)
 
 
-def test_reinforce_rejects_ppo_epochs(tmp_path):
-    with pytest.raises(ValueError, match=r"model.ppo_epochs=2: REINFORCE makes one on-policy pass"):
-        fit(tmp_path, "tiny", "--model.init_args.ppo_epochs=2", config="configs/tiny/format_copy_reinforce.yaml")
-
-
 def test_unknown_task_is_a_config_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         fit(tmp_path, "tiny", "--data.task=llm_pg.data.tasks.NoSuchTask")

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 import llm_pg.models.decoding as decoding
 from llm_pg.models.cache import with_kv_cache
 from llm_pg.models.decoding import compiled_forward, reserved_cache
-from llm_pg.models.generation import encode_prompts, generate, prompt_cache
+from llm_pg.models.generation import Sampling, encode_prompts, generate, prompt_cache
 from llm_pg.models.loading import load_tokenizer
 from llm_pg.modules import GRPOModule
 
@@ -88,36 +88,38 @@ def test_compiled_decoding_gives_the_eager_logits_to_float_rounding(model_and_to
 def test_compiled_calls_are_the_decode_steps_and_nothing_recompiles(random_model_dir, monkeypatch):
     model, tokenizer = AutoModelForCausalLM.from_pretrained(random_model_dir), load_tokenizer(random_model_dir)
     calls = _counting_compile(monkeypatch, type(model))
-    settings = {"max_new_tokens": 10, "min_new_tokens": 10, "seed": 0, "compiled": True}
+    settings = {"seed": 0, "compiled": True}
+    ten = Sampling(max_new_tokens=10, min_new_tokens=10)
     # The first compile sees a batch equal to the model's head size (16 prompts, greedy, as an evaluation samples):
     # with duck sizing the graph would tie the batch to that dimension and recompile at the next batch size.
     varied = [f"Say{' 7' * i}" for i in range(16)]  # 16 lengths: generate passes an attention mask
-    generate(model, tokenizer, _conversations(varied), num_samples=1, greedy=True, **settings)
+    generate(model, tokenizer, _conversations(varied), ten.greedy_version(), num_samples=1, **settings)
     assert len(calls) == 9  # 10 forwards: the whole-prompt prefill allocates the buffers (eager), then 9 tokens
     calls.clear()
     # Other batch sizes (12, 16 again, the hidden size 32), prompt widths and longer completions: the same graph. A
     # recompile raises inside the compiled call, which would mark the class failed. (Prompts of one length need no
     # attention mask, so generate calls without it: that would be a second graph.)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        generate(model, tokenizer, _conversations(PROMPTS), num_samples=4, **settings)
+        generate(model, tokenizer, _conversations(PROMPTS), ten, num_samples=4, **settings)
         assert len(calls) == 9  # the prefill of the last prompt token over the shared prefill is eager too
         for prompts, samples, tokens in [(PROMPTS[:2], 8, 6), (PROMPTS[1:], 16, 20), (["Hi", "Hello"] * 3, 1, 4)]:
-            settings.update(max_new_tokens=tokens, min_new_tokens=tokens)
-            generate(model, tokenizer, _conversations(prompts), num_samples=samples, **settings)
+            sampling = Sampling(max_new_tokens=tokens, min_new_tokens=tokens)
+            generate(model, tokenizer, _conversations(prompts), sampling, num_samples=samples, **settings)
     assert not decoding._FAILED and len(calls) == 9 + 5 + 19 + 3  # every decode step of the four calls compiled
 
 
 def test_compiled_sampling_follows_weights_updated_in_place(random_model_dir, monkeypatch):
     model, tokenizer = AutoModelForCausalLM.from_pretrained(random_model_dir), load_tokenizer(random_model_dir)
     calls = _counting_compile(monkeypatch, type(model))
-    settings = {"num_samples": 4, "max_new_tokens": 12, "seed": 3}
-    before = generate(model, tokenizer, _conversations(PROMPTS), compiled=True, **settings).completion_ids
+    settings = {"num_samples": 4, "seed": 3}
+    sampling = Sampling(max_new_tokens=12)
+    before = generate(model, tokenizer, _conversations(PROMPTS), sampling, compiled=True, **settings).completion_ids
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.05)  # an optimizer step, in place
     with torch._dynamo.config.patch(error_on_recompile=True):
-        after = generate(model, tokenizer, _conversations(PROMPTS), compiled=True, **settings).completion_ids
-    assert torch.equal(after, generate(model, tokenizer, _conversations(PROMPTS), **settings).completion_ids)
+        after = generate(model, tokenizer, _conversations(PROMPTS), sampling, compiled=True, **settings).completion_ids
+    assert torch.equal(after, generate(model, tokenizer, _conversations(PROMPTS), sampling, **settings).completion_ids)
     assert not torch.equal(after, before)  # the new weights were read, not ones captured at compile time
     assert len(calls) == 2 * 11  # both compiled runs decoded compiled
 
@@ -132,11 +134,14 @@ def test_a_lora_policy_compiles_its_wrapped_model(random_model_dir, monkeypatch)
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(0, 0.5)  # a trained adapter: B = 0 would leave the base model's logits
-    settings = {"num_samples": 4, "max_new_tokens": 12, "greedy": True}
-    eager = generate(model, tokenizer, _conversations(PROMPTS), **settings).completion_ids
+    settings = {"num_samples": 4}
+    sampling = Sampling(max_new_tokens=12, greedy=True)
+    eager = generate(model, tokenizer, _conversations(PROMPTS), sampling, **settings).completion_ids
     with model.disable_adapter():
-        assert not torch.equal(eager, generate(model, tokenizer, _conversations(PROMPTS), **settings).completion_ids)
-    compiled = generate(model, tokenizer, _conversations(PROMPTS), compiled=True, **settings).completion_ids
+        assert not torch.equal(
+            eager, generate(model, tokenizer, _conversations(PROMPTS), sampling, **settings).completion_ids
+        )
+    compiled = generate(model, tokenizer, _conversations(PROMPTS), sampling, compiled=True, **settings).completion_ids
     assert torch.equal(compiled, eager) and len(calls) == 11  # the wrapped Llama decoded compiled, adapter and all
     assert "forward" not in vars(base)
 
@@ -167,13 +172,16 @@ def test_a_failed_compile_warns_once_and_decodes_eagerly(random_model_dir, monke
         raise RuntimeError("backend='inductor' raised:\nRuntimeError: no compiler here\n\nSet TORCHDYNAMO_VERBOSE=1")
 
     monkeypatch.setitem(decoding._COMPILED, type(model), broken)
-    settings = {"num_samples": 4, "max_new_tokens": 12, "seed": 3}
+    settings = {"num_samples": 4, "seed": 3}
+    sampling = Sampling(max_new_tokens=12)
     failed = r"torch.compile failed on LlamaForCausalLM \(RuntimeError: no compiler here\)"
     with pytest.warns(UserWarning, match=failed):
-        fallen_back = generate(model, tokenizer, _conversations(PROMPTS), compiled=True, **settings).completion_ids
-    again = generate(model, tokenizer, _conversations(PROMPTS), compiled=True, **settings).completion_ids
+        fallen_back = generate(
+            model, tokenizer, _conversations(PROMPTS), sampling, compiled=True, **settings
+        ).completion_ids
+    again = generate(model, tokenizer, _conversations(PROMPTS), sampling, compiled=True, **settings).completion_ids
     assert attempts == [1]  # one attempt, then the class decodes eagerly without trying again
-    eager = generate(model, tokenizer, _conversations(PROMPTS), **settings).completion_ids
+    eager = generate(model, tokenizer, _conversations(PROMPTS), sampling, **settings).completion_ids
     assert torch.equal(fallen_back, eager) and torch.equal(again, eager)  # the failed step was rerun, not lost
     decoding._FAILED.clear()
 

@@ -1,6 +1,7 @@
 """format_copy: reward components, prompts, deterministic streams, adversarial input."""
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -90,6 +91,12 @@ def test_eval_metrics():
     completions = ["<answer>1</answer>", "x <answer>2</answer>", "<answer>9</answer>", "4"]
     metrics = task.eval_metrics(completions, examples)
     assert metrics == pytest.approx({"exact_match": 0.5, "reward": 0.7, "has_tag": 0.75, "tag_only": 0.5})
+    # Given the scores (as the evaluation passes them), the same metrics, from those scores and no others.
+    scores = [task.score(c, e) for c, e in zip(completions, examples, strict=True)]
+    assert task.eval_metrics(completions, examples, scores) == metrics
+    assert task.eval_metrics(completions, examples, [replace(scores[0], correct=True)] * 4)["exact_match"] == 1.0
+    with pytest.raises(ValueError, match="eval_metrics got 3 scores for 4 completions"):
+        task.eval_metrics(completions, examples, scores[:3])
 
 
 def test_invalid_arguments():

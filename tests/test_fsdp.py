@@ -128,16 +128,18 @@ class RecordingFSDP(GRPOModule):
         from torch.distributed.fsdp import FSDPModule
 
         from llm_pg.engines import HFEngine
-        from llm_pg.models.generation import generate
+        from llm_pg.models.generation import Sampling, generate
 
         prompt = [[{"role": "user", "content": f"Say digits {self.global_rank}"}]]
-        settings = {"greedy": True, "max_new_tokens": GEN_TOKENS, "min_new_tokens": GEN_TOKENS}
+        sampling = Sampling(max_new_tokens=GEN_TOKENS, min_new_tokens=GEN_TOKENS, greedy=True)
         start = self.counts["all_gather_single"]
-        engine = HFEngine(self.policy, self.tokenizer).generate(prompt, **settings)
+        engine = HFEngine(self.policy, self.tokenizer).generate(prompt, sampling)
         middle = self.counts["all_gather_single"]
-        plain = generate(self.policy, self.tokenizer, prompt, **settings)
+        plain = generate(self.policy, self.tokenizer, prompt, sampling)
         # Ranks stop at their own EOS here (no minimum): one gather for the call, so nothing waits for the other rank.
-        HFEngine(self.policy, self.tokenizer).generate(prompt * (1 + self.global_rank), greedy=True, max_new_tokens=20)
+        HFEngine(self.policy, self.tokenizer).generate(
+            prompt * (1 + self.global_rank), Sampling(max_new_tokens=20, greedy=True)
+        )
         return {
             "units": sum(isinstance(m, FSDPModule) for m in self.policy.modules()),
             "engine_gathers": middle - start,

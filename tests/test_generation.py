@@ -1,7 +1,7 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from llm_pg.models.generation import encode_prompts, generate
+from llm_pg.models.generation import Sampling, encode_prompts, generate
 from llm_pg.models.loading import TINY_MODEL, load_tokenizer
 
 PROMPTS = [[{"role": "user", "content": text}] for text in ["Copy: 7", "Copy: -123456", "12+7=?", "Copy: 999"]]
@@ -24,8 +24,8 @@ def test_prompts_are_left_padded(random_model_dir):
 
 def test_batched_greedy_equals_one_by_one():
     model, tokenizer = _model(TINY_MODEL)  # the trained tiny model: prompts lead to different completions
-    batched = generate(model, tokenizer, PROMPTS, greedy=True, max_new_tokens=12).texts
-    single = [generate(model, tokenizer, [p], greedy=True, max_new_tokens=12).texts[0] for p in PROMPTS]
+    batched = generate(model, tokenizer, PROMPTS, Sampling(greedy=True, max_new_tokens=12)).texts
+    single = [generate(model, tokenizer, [p], Sampling(greedy=True, max_new_tokens=12)).texts[0] for p in PROMPTS]
     assert batched == single
     assert len(set(batched)) > 1  # the prompts really lead to different completions
 
@@ -33,9 +33,9 @@ def test_batched_greedy_equals_one_by_one():
 def test_sampling_is_seeded_and_group_contiguous(random_model_dir):
     model, tokenizer = _model(random_model_dir)
     before = torch.random.get_rng_state()
-    a = generate(model, tokenizer, PROMPTS[:2], num_samples=3, max_new_tokens=8, seed=5)
-    b = generate(model, tokenizer, PROMPTS[:2], num_samples=3, max_new_tokens=8, seed=5)
-    c = generate(model, tokenizer, PROMPTS[:2], num_samples=3, max_new_tokens=8, seed=6)
+    a = generate(model, tokenizer, PROMPTS[:2], Sampling(max_new_tokens=8), num_samples=3, seed=5)
+    b = generate(model, tokenizer, PROMPTS[:2], Sampling(max_new_tokens=8), num_samples=3, seed=5)
+    c = generate(model, tokenizer, PROMPTS[:2], Sampling(max_new_tokens=8), num_samples=3, seed=6)
     assert torch.equal(torch.random.get_rng_state(), before)  # global RNG untouched
     assert a.texts == b.texts and a.texts != c.texts
     assert a.completion_ids.shape[0] == 6

@@ -12,6 +12,7 @@ from test_metrics import EOS, rollout, scores
 from llm_pg.callbacks.evaluation import EvalCallback
 from llm_pg.callbacks.generations import GenerationsCallback, table_rows
 from llm_pg.callbacks.rollout import ScoredRollout
+from llm_pg.callbacks.sharded_eval import Evaluation
 from llm_pg.data.tasks.base import Example
 from llm_pg.modules.settings import check_settings
 
@@ -102,8 +103,10 @@ def test_eval_completions_go_to_wandb_as_a_table(tmp_path, monkeypatch):
     )
     trainer = SimpleNamespace(loggers=[logger], datamodule=SimpleNamespace(task=task), is_global_zero=True)
     module = SimpleNamespace(iteration=10, policy=None, latest_eval={})
+    completions = ["<answer>41</answer>", "7"]
+    scored = [task.score(c, x) for c, x in zip(completions, EXAMPLES, strict=True)]
     monkeypatch.setattr(
-        "llm_pg.callbacks.evaluation.evaluate", lambda m, t, e: ({"exact_match": 0.5}, ["<answer>41</answer>", "7"])
+        "llm_pg.callbacks.evaluation.evaluate", lambda m, t, e: Evaluation({"exact_match": 0.5}, completions, scored)
     )
     EvalCallback()._evaluate(trainer, module)
     [(key, columns, data, step)] = logger.tables

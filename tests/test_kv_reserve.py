@@ -8,7 +8,7 @@ from transformers.cache_utils import DynamicLayer
 
 import llm_pg.models.generation as generation
 from llm_pg.models.decoding import ReservedLayer
-from llm_pg.models.generation import generate
+from llm_pg.models.generation import Sampling, generate
 from llm_pg.models.loading import load_tokenizer
 
 PROMPTS = ["Say 1", "Say digits, as many as you can: 0123456789", "Digits?"]  # three lengths: left padding
@@ -64,17 +64,18 @@ def test_sampling_with_the_reserved_cache_draws_the_tokens_of_the_concatenating_
 ):
     model, tokenizer = model_and_tokenizer
     conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
-    settings = {"num_samples": 4, "max_new_tokens": 16, "min_new_tokens": 16, "greedy": greedy, "seed": 5}
+    settings = {"num_samples": 4, "seed": 5}
+    sampling = Sampling(max_new_tokens=16, min_new_tokens=16, greedy=greedy)
     updates = []
     original_update = ReservedLayer.update
     monkeypatch.setattr(
         ReservedLayer, "update", lambda self, *a, **k: updates.append(1) or original_update(self, *a, **k)
     )
-    reserved = generate(model, tokenizer, conversations, share_prompt=share_prompt, **settings)
+    reserved = generate(model, tokenizer, conversations, sampling, share_prompt=share_prompt, **settings)
     layers = model.config.num_hidden_layers
     assert len(updates) >= layers * 16  # every layer's cache was a reserved one, at every decoded token
     monkeypatch.setattr(generation, "reserved_cache", lambda model, cache, max_new_tokens: cache)
-    plain = generate(model, tokenizer, conversations, share_prompt=share_prompt, **settings)
+    plain = generate(model, tokenizer, conversations, sampling, share_prompt=share_prompt, **settings)
     assert torch.equal(reserved.completion_ids, plain.completion_ids) and reserved.texts == plain.texts
     assert greedy or len(set(plain.texts)) > 1  # sampling drew different completions
 
@@ -85,5 +86,5 @@ def test_decoding_allocates_each_layer_once(random_model_dir, monkeypatch):
     original = ReservedLayer._reallocate
     monkeypatch.setattr(ReservedLayer, "_reallocate", lambda self, *a: allocations.append(1) or original(self, *a))
     conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
-    generate(model, tokenizer, conversations, num_samples=4, max_new_tokens=24, min_new_tokens=24, seed=0)
+    generate(model, tokenizer, conversations, Sampling(max_new_tokens=24, min_new_tokens=24), num_samples=4, seed=0)
     assert len(allocations) == model.config.num_hidden_layers  # the shared prefill adopted once, no growth after

@@ -163,6 +163,8 @@ def test_eval_metrics():
     assert metrics == pytest.approx(
         {"exact_match": 0.25, "exact_match_relaxed": 0.5, "has_boxed": 0.5, "reward": (1.1 + 0.1 + 0.1) / 4}
     )
+    scores = [task.score(c, e) for c, e in zip(completions, examples, strict=True)]
+    assert task.eval_metrics(completions, examples, scores) == metrics  # the evaluation's scores: the same metrics
 
 
 def test_loading_is_lazy_and_offline_error_is_clear(monkeypatch):

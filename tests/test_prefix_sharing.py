@@ -270,16 +270,17 @@ def test_a_run_with_sharing_trains_like_one_without(tmp_path, eos_model_dir, mon
 
 @pytest.mark.parametrize("greedy", [False, True])
 def test_generation_prefills_each_prompt_once_and_samples_the_same_tokens(model_and_tokenizer, greedy):
-    from llm_pg.models.generation import generate
+    from llm_pg.models.generation import Sampling, generate
 
     model, tokenizer = model_and_tokenizer
     conversations = [[{"role": "user", "content": p}] for p in PROMPTS]  # three prompt lengths: left padding
-    settings = {"num_samples": GROUP, "max_new_tokens": 6, "greedy": greedy, "seed": 3}
+    settings = {"num_samples": GROUP, "seed": 3}
+    sampling = Sampling(max_new_tokens=6, greedy=greedy)
     positions = count_positions(model)
-    plain = generate(model, tokenizer, conversations, share_prompt=False, **settings)
+    plain = generate(model, tokenizer, conversations, sampling, share_prompt=False, **settings)
     prefill_plain = positions[0]
     positions.clear()
-    shared = generate(model, tokenizer, conversations, share_prompt=True, **settings)
+    shared = generate(model, tokenizer, conversations, sampling, share_prompt=True, **settings)
     assert torch.equal(plain.completion_ids, shared.completion_ids) and plain.texts == shared.texts
     assert len(set(plain.texts)) > 1 or greedy  # sampling drew different completions within a group
     prompt = plain.prompt_ids.shape[1]
@@ -290,7 +291,7 @@ def test_generation_prefills_each_prompt_once_and_samples_the_same_tokens(model_
 def test_a_checkpoint_that_names_its_cache_samples_without_sharing(random_model_dir):
     # transformers refuses a cache passed to generate() beside a `cache_implementation` (Gemma 3 ships "hybrid"):
     # such a model prefills every row itself, and sampling still works.
-    from llm_pg.models.generation import generate
+    from llm_pg.models.generation import Sampling, generate
     from llm_pg.models.loading import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
@@ -298,6 +299,6 @@ def test_a_checkpoint_that_names_its_cache_samples_without_sharing(random_model_
     tokenizer = load_tokenizer(random_model_dir)
     conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
     positions = count_positions(model)
-    out = generate(model, tokenizer, conversations, num_samples=GROUP, max_new_tokens=4, seed=1)
+    out = generate(model, tokenizer, conversations, Sampling(max_new_tokens=4), num_samples=GROUP, seed=1)
     assert out.completion_ids.shape == (3 * GROUP, 4)
     assert positions[0] == 3 * GROUP * out.prompt_ids.shape[1]  # one prefill of every row: nothing shared

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from make_qwen_fixture import DEFAULT_SYSTEM_PROMPT, ENDOFTEXT, IM_END, MODEL_VOCAB_SIZE, TOKENIZER_SIZE
 from transformers import LogitsProcessorList
 
-from llm_pg.models.generation import encode_prompts, eos_token_ids, generate
+from llm_pg.models.generation import Sampling, encode_prompts, eos_token_ids, generate
 from llm_pg.models.loading import load_tokenizer
 from llm_pg.models.sampling import NucleusSampler
 
@@ -143,7 +143,9 @@ def test_sampling_overrides_the_generation_config(qwen_model_dir):
     repetition_penalty 1.0 said explicitly; the config's top_k 20 cannot apply (no sampling warpers run: the sampler
     draws, generate takes its argmax)."""
     tokenizer, model = load_tokenizer(qwen_model_dir), load_base(qwen_model_dir)
-    ours = generate(model, tokenizer, [QUESTION], num_samples=6, max_new_tokens=12, temperature=0.8, top_p=0.95, seed=3)
+    ours = generate(
+        model, tokenizer, [QUESTION], Sampling(max_new_tokens=12, temperature=0.8, top_p=0.95), num_samples=6, seed=3
+    )
     prompt = _prompt(tokenizer, 6)
     eos, pad = eos_token_ids(model, tokenizer), tokenizer.pad_token_id
     common = {**prompt, "max_new_tokens": 12, "eos_token_id": eos, "pad_token_id": pad, "do_sample": False}
@@ -160,7 +162,7 @@ def test_sampling_overrides_the_generation_config(qwen_model_dir):
 def test_greedy_eval_is_greedy_although_the_generation_config_samples(qwen_model_dir):
     tokenizer, model = load_tokenizer(qwen_model_dir), load_base(qwen_model_dir)
     torch.manual_seed(0)  # a sampling bug would show as a different draw, not as the argmax path
-    ours = generate(model, tokenizer, [QUESTION], max_new_tokens=10, greedy=True).completion_ids[0].tolist()
+    ours = generate(model, tokenizer, [QUESTION], Sampling(max_new_tokens=10, greedy=True)).completion_ids[0].tolist()
     ids = _prompt(tokenizer, 1)["input_ids"]
     expected = []
     with torch.no_grad():

@@ -24,7 +24,7 @@ from llm_pg.core.rollout import RolloutBatch
 from llm_pg.data.tasks import FormatCopyTask
 from llm_pg.models import real_model
 from llm_pg.models.cache import enable_activation_checkpointing
-from llm_pg.models.generation import encode_prompts, eos_token_ids, generate
+from llm_pg.models.generation import Sampling, encode_prompts, eos_token_ids, generate
 from llm_pg.models.loading import load_tokenizer
 from llm_pg.modules.logprobs import completion_logprobs, no_grad_logprobs
 
@@ -66,10 +66,8 @@ def sampled_rollout(policy, tokenizer, prompts: int = 3, group: int = 3, tokens:
     """A rollout the pretrained model sampled (T 0.8, top-p 0.95; the adapter disabled: a random adapter rambles),
     packed as the rollout callback packs it."""
     with policy.disable_adapter():
-        sample = generate(
-            policy, tokenizer, conversations(prompts), num_samples=group, max_new_tokens=tokens, temperature=0.8,
-            top_p=0.95, seed=1,
-        )  # fmt: skip
+        sampling = Sampling(max_new_tokens=tokens, temperature=0.8, top_p=0.95)
+        sample = generate(policy, tokenizer, conversations(prompts), sampling, num_samples=group, seed=1)
     mask = completion_mask(sample.completion_ids, eos_token_ids(policy, tokenizer))
     n = len(sample.texts)
     return RolloutBatch(
@@ -237,7 +235,7 @@ def test_greedy_evaluation_decodes_what_plain_generate_decodes(model_dir, tokeni
     # each prompt alone, token for token, over 24 new tokens of the course's format_copy prompts.
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     convs = conversations(6, offset=100)
-    ours = generate(model, tokenizer, convs, max_new_tokens=24, greedy=True)
+    ours = generate(model, tokenizer, convs, Sampling(max_new_tokens=24, greedy=True))
     plain_tokenizer = AutoTokenizer.from_pretrained(model_dir)
     for row, conv in enumerate(convs):
         inputs = chat_inputs(plain_tokenizer, conv)

@@ -1,4 +1,4 @@
-"""Run names are names (llm_pg/runs/directory.py `run_directory`, `claim`): nothing outside the runs root, nor
+"""Run names are names (llm_pg/runs/directory.py `checked_run_path`, `claim`): nothing outside the runs root, nor
 another run, is ever created, moved or deleted, whatever `--run_name` / `--runs_root` a user types."""
 
 import os
@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 
 from llm_pg.cli.fit import main
-from llm_pg.runs.directory import RunDirError, claim, run_directory
+from llm_pg.runs.directory import RunDirError, checked_run_path, claim
 
 CONFIG = f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}"
 
@@ -22,12 +22,12 @@ def snapshot(path) -> dict[str, bytes]:
 )
 def test_names_that_are_not_names_are_refused(tmp_path, name):
     with pytest.raises(RunDirError, match=r"--run_name .* is not allowed: a run name is"):
-        run_directory(str(tmp_path / "runs"), name)
+        checked_run_path(str(tmp_path / "runs"), name)
     assert not (tmp_path / "runs").exists()  # refused before anything is created
 
 
 def test_subfolders_inside_the_root_are_names(tmp_path):
-    assert run_directory(str(tmp_path), "sweeps/lr_3e-5_seed1") == tmp_path / "sweeps" / "lr_3e-5_seed1"
+    assert checked_run_path(str(tmp_path), "sweeps/lr_3e-5_seed1") == tmp_path / "sweeps" / "lr_3e-5_seed1"
 
 
 def test_a_symlink_out_of_the_runs_root_is_refused(tmp_path):
@@ -35,26 +35,26 @@ def test_a_symlink_out_of_the_runs_root_is_refused(tmp_path):
     (tmp_path / "outside").mkdir()
     os.symlink(tmp_path / "outside", tmp_path / "runs" / "link")
     with pytest.raises(RunDirError, match="outside --runs_root"):
-        run_directory(str(tmp_path / "runs"), "link/run")
+        checked_run_path(str(tmp_path / "runs"), "link/run")
 
 
 def test_a_run_inside_a_run_or_holding_runs_is_refused(tmp_path):
     (tmp_path / "a" / "checkpoints").mkdir(parents=True)
     (tmp_path / "a" / ".lock").write_text("")
     with pytest.raises(RunDirError, match=r"lies inside the run directory .*a"):
-        run_directory(str(tmp_path), "a/checkpoints")
+        checked_run_path(str(tmp_path), "a/checkpoints")
     (tmp_path / "sweeps" / "x").mkdir(parents=True)
     (tmp_path / "sweeps" / "x" / ".lock").write_text("")
     with pytest.raises(RunDirError, match=r"holds other runs"):
-        run_directory(str(tmp_path), "sweeps")
+        checked_run_path(str(tmp_path), "sweeps")
 
 
 def test_a_runs_root_that_is_a_file_or_cannot_be_made_is_one_line(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(RunDirError, match="is a file, not a folder"):
-        run_directory(str(tmp_path / "file"), "run")
+        checked_run_path(str(tmp_path / "file"), "run")
     with pytest.raises(RunDirError, match="cannot be created"):
-        run_directory(str(tmp_path / "file" / "below"), "run")
+        checked_run_path(str(tmp_path / "file" / "below"), "run")
 
 
 @pytest.mark.parametrize(
@@ -153,7 +153,7 @@ def test_a_run_dir_whose_files_are_links_is_refused(tmp_path, name):
     (tmp_path / "runs" / "run").mkdir(parents=True)
     os.symlink(outside if name in ("eval", "final") else outside / "iter_00007.jsonl", tmp_path / "runs" / "run" / name)
     with pytest.raises(RunDirError, match=rf"{name} is a symbolic link; a run directory holds its own files"):
-        run_directory(str(tmp_path / "runs"), "run")
+        checked_run_path(str(tmp_path / "runs"), "run")
     assert (outside / "iter_00007.jsonl").read_text() == "precious\n"
 
 
@@ -172,4 +172,4 @@ def test_a_run_name_that_is_a_file_or_below_one_is_one_line(tmp_path):
     (tmp_path / "f").write_text("x")
     for name in ("f", "f/x"):
         with pytest.raises(RunDirError, match=r"is a file, not a folder; pick another name"):
-            run_directory(str(tmp_path), name)
+            checked_run_path(str(tmp_path), name)

@@ -167,6 +167,18 @@ def test_allowed_resume_changes_are_not_reported():
     ]
 
 
+def test_a_reinforce_checkpoint_holding_the_retired_grpo_keys_resumes():
+    # ReinforceModule took ppo_epochs (1 only) and three GRPO keys (None only) until 2026-12-03; its checkpoints hold
+    # them, this run's config does not: no change. Another value (which the old code refused) would be one.
+    kept = {"lr": 3e-4}
+    retired = {"ppo_epochs": 1, "clip_eps_high": None, "ratio_level": None, "reuse_first_pass_logp": None}
+    current = {"model": {"class_path": "llm_pg.modules.ReinforceModule", "init_args": kept}}
+    stored = {"model": {"class_path": "llm_pg.modules.ReinforceModule", "init_args": kept | retired}}
+    assert config_changes(stored, current) == []
+    stored["model"]["init_args"]["ppo_epochs"] = 2
+    assert config_changes(stored, current) == ["model.init_args.ppo_epochs: 2 -> <unset>"]
+
+
 def test_class_defaults_come_from_the_configured_classes():
     from llm_pg.runs.config import class_defaults
 

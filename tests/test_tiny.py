@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from llm_pg.assets import TINY_CHAT_DIR
 from llm_pg.data.tasks import ArithTask, Example, FormatCopyTask
-from llm_pg.models.generation import generate
+from llm_pg.models.generation import Sampling, generate
 from llm_pg.tiny.demonstrations import demonstration, demonstration_rng, ideal_completion
 from llm_pg.tiny.evaluate import evaluate_base, pass_at_k, target_failures, tiny_tasks
 from llm_pg.tiny.pretrain import main as pretrain_main
@@ -89,7 +89,9 @@ def test_committed_checkpoint_loads_and_generates():
     assert 0.5e6 < sum(p.numel() for p in model.parameters()) < 5e6
     tokenizer = AutoTokenizer.from_pretrained(TINY_CHAT_DIR)
     assert set(model.generation_config.eos_token_id) == {256, 259}
-    out = generate(model, tokenizer, [[{"role": "user", "content": "Copy: 123"}]], greedy=True, max_new_tokens=24)
+    out = generate(
+        model, tokenizer, [[{"role": "user", "content": "Copy: 123"}]], Sampling(greedy=True, max_new_tokens=24)
+    )
     assert out.texts == ["<answer>123</answer>"]
 
 

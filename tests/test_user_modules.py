@@ -98,11 +98,14 @@ def run_llm_pg(tmp_path, config: str, *overrides: str) -> int:
     """`llm-pg fit --config CONFIG` in this process, from a working directory that is not the config's."""
     from llm_pg.cli.fit import main
 
+    before = os.getcwd()
     os.chdir(tmp_path / "elsewhere")
     try:
         main(["fit", f"--config={config}", f"--runs_root={tmp_path / 'runs'}", "--run_name=run", *SMALL, *overrides])
     except SystemExit as stop:
         return int(stop.code or 0)
+    finally:
+        os.chdir(before)  # later tests resolve paths from the repository root
     return 0
 
 

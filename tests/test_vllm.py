@@ -10,6 +10,7 @@ trainer tests start their own engines, with a 64 MB KV cache (on the CPU vLLM's 
 import copy
 import csv
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -27,7 +28,7 @@ from llm_pg.core.variants import tis_weight
 from llm_pg.data.tasks import Example, FormatCopyTask
 from llm_pg.engines import HFEngine, logprob_mismatch, tis_metrics
 from llm_pg.engines.vllm import VLLMEngine, VLLMGeneration, policy_weights, vllm_logprobs_mode
-from llm_pg.models.generation import eos_token_ids, generate
+from llm_pg.models.generation import Sampling, eos_token_ids, generate
 from llm_pg.models.loading import TINY_MODEL, LoRA, load_policy, load_tokenizer
 from llm_pg.modules import GRPOModule, ReinforceModule
 
@@ -103,7 +104,9 @@ def test_logprobs_match_hf_after_optimizer_steps(random_engine, random_dir, lora
     train_a_little(policy, tokenizer)
     adapter = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
     random_engine.load_weights(policy)
-    sample = random_engine.generate(COPY, num_samples=4, max_new_tokens=16, temperature=0.8, top_p=0.9, seed=3)
+    sample = random_engine.generate(
+        COPY, Sampling(max_new_tokens=16, temperature=0.8, top_p=0.9), num_samples=4, seed=3
+    )
     eos = eos_token_ids(policy, tokenizer)
     mask = completion_mask(sample.completion_ids, eos)
     trainer = teacher_forced(policy, sample, eos, temperature=1.0)  # raw_logprobs: logprob_temperature 1.0
@@ -118,10 +121,10 @@ def test_logprobs_match_hf_after_optimizer_steps(random_engine, random_dir, lora
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens(random_engine):
-    kwargs = {"num_samples": 3, "max_new_tokens": 12, "temperature": 1.0}
-    a = random_engine.generate(COPY[:2], seed=11, **kwargs)
-    b = random_engine.generate(COPY[:2], seed=11, **kwargs)
-    c = random_engine.generate(COPY[:2], seed=12, **kwargs)
+    sampling = Sampling(max_new_tokens=12, temperature=1.0)
+    a = random_engine.generate(COPY[:2], sampling, num_samples=3, seed=11)
+    b = random_engine.generate(COPY[:2], sampling, num_samples=3, seed=11)
+    c = random_engine.generate(COPY[:2], sampling, num_samples=3, seed=12)
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampled_logprobs, b.sampled_logprobs)
     assert not torch.equal(a.completion_ids, c.completion_ids)
     # Rows of one group carry different per-row seeds, so a group's completions differ from each other.
@@ -131,8 +134,8 @@ def test_same_seed_same_tokens_other_seed_other_tokens(random_engine):
 def test_greedy_matches_hf_with_its_padding_and_masks(tiny_engine):
     tokenizer = tiny_engine.tokenizer
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
-    ours = tiny_engine.generate(COPY, num_samples=2, max_new_tokens=20, greedy=True)
-    hf = HFEngine(model, tokenizer).generate(COPY, num_samples=2, max_new_tokens=20, greedy=True)
+    ours = tiny_engine.generate(COPY, Sampling(max_new_tokens=20, greedy=True), num_samples=2)
+    hf = HFEngine(model, tokenizer).generate(COPY, Sampling(max_new_tokens=20, greedy=True), num_samples=2)
     assert torch.equal(ours.prompt_ids, hf.prompt_ids) and torch.equal(ours.prompt_mask, hf.prompt_mask)
     assert torch.equal(ours.completion_ids, hf.completion_ids) and ours.texts == hf.texts
     eos = eos_token_ids(model, tokenizer)
@@ -149,8 +152,8 @@ def test_pad_equal_to_eos_gives_hf_masks(tiny_engine):
     engine = copy.copy(tiny_engine)  # the same vLLM instance: it never sees the tokenizer, only our side does
     engine.tokenizer = tokenizer
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
-    ours = engine.generate(COPY, max_new_tokens=20, greedy=True)
-    hf = generate(model, tokenizer, COPY, max_new_tokens=20, greedy=True)
+    ours = engine.generate(COPY, Sampling(max_new_tokens=20, greedy=True))
+    hf = generate(model, tokenizer, COPY, Sampling(max_new_tokens=20, greedy=True))
     assert torch.equal(ours.prompt_ids, hf.prompt_ids) and torch.equal(ours.completion_ids, hf.completion_ids)
     eos = eos_token_ids(model, tokenizer)
     mask = completion_mask(ours.completion_ids, eos)
@@ -161,7 +164,7 @@ def test_pad_equal_to_eos_gives_hf_masks(tiny_engine):
 
 def test_processed_logprobs_are_at_the_sampling_temperature(tiny_engine):
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
-    sample = tiny_engine.generate(COPY, num_samples=4, max_new_tokens=16, temperature=0.7, seed=1)
+    sample = tiny_engine.generate(COPY, Sampling(max_new_tokens=16, temperature=0.7), num_samples=4, seed=1)
     eos = eos_token_ids(model, tiny_engine.tokenizer)
     mask = completion_mask(sample.completion_ids, eos)
     at_t = teacher_forced(model, sample, eos, temperature=0.7)
@@ -171,9 +174,9 @@ def test_processed_logprobs_are_at_the_sampling_temperature(tiny_engine):
 
 def test_min_new_tokens_holds_back_eos(tiny_engine):
     eos = tiny_engine.eos
-    kwargs = {"num_samples": 2, "max_new_tokens": 30, "temperature": 1.0, "seed": 4}
-    free = tiny_engine.generate(COPY, **kwargs)
-    held = tiny_engine.generate(COPY, min_new_tokens=22, **kwargs)
+    sampling = Sampling(max_new_tokens=30, temperature=1.0)
+    free = tiny_engine.generate(COPY, sampling, num_samples=2, seed=4)
+    held = tiny_engine.generate(COPY, replace(sampling, min_new_tokens=22), num_samples=2, seed=4)
     free_len = completion_mask(free.completion_ids, eos).sum(1)  # `<answer>7</answer>` + EOS is 19 tokens
     held_len = completion_mask(held.completion_ids, eos).sum(1)
     assert free_len.min() < 22  # without the floor completions end earlier
@@ -344,7 +347,7 @@ def test_lora_delta_below_bf16_resolution_reaches_vllm(coarse_dir):
             assert torch.equal(merged[f"{name}.weight"].to(torch.bfloat16), weight.to(torch.bfloat16))  # all lost
     engine = VLLMEngine(coarse_dir, tokenizer, lora_rank=lora.r, **SETTINGS)
     engine.load_weights(policy)
-    sample = engine.generate(COPY, num_samples=4, max_new_tokens=16, temperature=1.0, seed=5)
+    sample = engine.generate(COPY, Sampling(max_new_tokens=16, temperature=1.0), num_samples=4, seed=5)
     eos = eos_token_ids(policy, tokenizer)
     mask = completion_mask(sample.completion_ids, eos)
     trainer = teacher_forced(policy, sample, eos, temperature=1.0)

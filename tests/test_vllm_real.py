@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from llm_pg.core.losses import completion_mask
 from llm_pg.data.tasks import FormatCopyTask
 from llm_pg.engines.vllm import VLLMEngine
-from llm_pg.models.generation import eos_token_ids
+from llm_pg.models.generation import Sampling, eos_token_ids
 from llm_pg.models.loading import LoRA, load_policy, load_tokenizer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real]
@@ -47,7 +47,7 @@ def test_vllm_samples_the_real_model_and_its_logprobs_match_the_trainers(model_d
     task = FormatCopyTask()  # the course's system prompt and user turn
     task.bind_seed(0)
     convs = [task.messages(task.train_example(i, 0)) for i in range(4)]
-    sample = engine.generate(convs, num_samples=6, max_new_tokens=24, temperature=0.8, top_p=0.95, seed=0)
+    sample = engine.generate(convs, Sampling(max_new_tokens=24, temperature=0.8, top_p=0.95), num_samples=6, seed=0)
     eos = eos_token_ids(policy, tokenizer)
     mask = completion_mask(sample.completion_ids, eos)
     assert int((sample.prompt_ids[sample.prompt_mask.bool()] == IM_END).sum()) == 2 * len(sample.prompt_ids)

@@ -13,21 +13,18 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 
-from llm_pg.callbacks.sharded_eval import evaluate
-from llm_pg.data.tasks.base import Example, Task
+from llm_pg.callbacks.sharded_eval import Evaluation, evaluate
+from llm_pg.data.tasks.base import Example
 from llm_pg.models.parallel import unsharded
 from llm_pg.runs.directory import run_dir
 
 
-def write_eval_rows(
-    out: Path, task: Task, examples: Sequence[Example], completions: Sequence[str], append: bool = False
-) -> list[dict]:
+def write_eval_rows(out: Path, examples: Sequence[Example], evaluation: Evaluation, append: bool = False) -> list[dict]:
     """One JSON line per eval completion (prompt, gold answer, completion, reward, correct) into `out`; the rows."""
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     with out.open("a" if append else "w") as f:
-        for example, completion in zip(examples, completions, strict=True):
-            score = task.score(completion, example)
+        for example, completion, score in zip(examples, evaluation.completions, evaluation.scores, strict=True):
             row = {"prompt": example.prompt, "answer": example.answer, "completion": completion}
             rows.append(row | {"reward": score.total, "correct": score.correct})
             f.write(json.dumps(rows[-1]) + "\n")
@@ -60,8 +57,8 @@ class EvalCallback(Callback):
         task = trainer.datamodule.task
         start = time.perf_counter()
         with unsharded(module.policy):  # FSDP2: one gather for the whole evaluation, whatever a rank's batch count
-            metrics, completions = evaluate(module, task, task.eval_examples)  # every rank: it gathers
-        module.latest_eval = metrics
+            evaluation = evaluate(module, task, task.eval_examples)  # every rank: it gathers
+        module.latest_eval = metrics = evaluation.metrics
         if not trainer.is_global_zero:
             return
         logged = {f"eval/{k}": v for k, v in metrics.items()} | {"time/eval": time.perf_counter() - start}
@@ -69,7 +66,7 @@ class EvalCallback(Callback):
             logger.log_metrics(logged, step=module.iteration)
             logger.save()
         out = run_dir(trainer) / "eval" / f"iter_{module.iteration:05d}.jsonl"
-        rows = write_eval_rows(out, task, task.eval_examples, completions)
+        rows = write_eval_rows(out, task.eval_examples, evaluation)
         for logger in trainer.loggers:  # every completion, as the file: the eval set is what EM is measured on
             if isinstance(logger, WandbLogger) and rows:
                 data = [[module.iteration, *row.values()] for row in rows]

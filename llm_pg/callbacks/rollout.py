@@ -39,7 +39,7 @@ class RolloutCallback(Callback):
     `(seed, iteration, rank)`), scores them with the task,
     applies the rollout-side variants (`apply_variants`: group filtering, the advantage estimator and its clip,
     masking of truncated rows), and computes pi_old log-probs (GRPO, unless the first training pass provides
-    them: `reuses_first_pass`) and pi_ref log-probs (only when `kl_coef > 0`) at `logprob_temperature` (raw
+    them: `pi_old_from_first_pass`) and pi_ref log-probs (only when `kl_coef > 0`) at `logprob_temperature` (raw
     logits by default, as the course). An engine that reports its own sampled-token log-probs (vLLM) has them kept
     as `sampled_logp`; REINFORCE, which has no pi_old, then gets one no-grad pass of the sampling policy
     (`old_logp`, unused by its loss) so that `llm_pg.engines.logprob_mismatch` has the trainer's side to compare with.
@@ -52,19 +52,15 @@ class RolloutCallback(Callback):
         examples = batch["examples"]
         sample = module.engine.generate(
             [task.messages(e) for e in examples],
+            module.sampling(),
             num_samples=hp.group_size,
-            max_new_tokens=hp.max_new_tokens,
-            min_new_tokens=hp.min_new_tokens,
-            temperature=hp.temperature,
-            top_p=hp.top_p,
-            max_prompt_tokens=hp.max_prompt_tokens,
-            chat_template=hp.chat_template,
             seed=derive_seed(hp.seed, batch["index"], trainer.global_rank, "sample"),
         )
         sampling_seconds = time.perf_counter() - start  # generation alone: `time/tokens_per_s`
         prompt_index = [i // hp.group_size for i in range(len(sample.texts))]
         rows = [examples[i] for i in prompt_index]
-        scores = scores_or_stop(module, task, sample.texts, rows, module.iteration + 1)  # finite, or the run stops
+        # Finite rewards, or the run stops (naming the row).
+        scores = scores_or_stop(module, task, sample.texts, rows, module.iteration_in_progress)
         device = sample.completion_ids.device
         rewards = torch.tensor([s.total for s in scores], dtype=torch.float32, device=device)
         eos = eos_token_ids(module.policy, module.tokenizer)
@@ -82,9 +78,9 @@ class RolloutCallback(Callback):
         )
         metrics = rollout_metrics(rollout, scores, hp.group_size, eos, sampling_seconds)
         rollout, scores, variant_metrics = apply_variants(rollout, scores, hp, eos)
-        if len(rollout) and module.needs_old_logp and not module.reuses_first_pass:
+        if len(rollout) and module.needs_pi_old and not module.pi_old_from_first_pass:
             rollout.old_logp = module.old_logprobs(rollout)
-        elif len(rollout) and not module.needs_old_logp and rollout.sampled_logp is not None:
+        elif len(rollout) and not module.needs_pi_old and rollout.sampled_logp is not None:
             rollout.old_logp = module.old_logprobs(rollout)  # REINFORCE: for the mismatch only
         if len(rollout) and hp.kl_coef > 0:
             rollout.ref_logp = module.reference_logprobs(rollout)

@@ -13,15 +13,27 @@ correct), averaged over prompts: the unbiased estimators of Chen et al. (2021) w
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import lightning as L
 import torch
 
-from llm_pg.core.rollout import derive_seed
-from llm_pg.data.tasks.base import Example, Task
+from llm_pg.core.rollout import derive_seed, rank_and_world_size
+from llm_pg.data.tasks.base import Example, Score, Task
 from llm_pg.runs.guards import RunStopped, checked_scores, stop_together
+
+
+@dataclass
+class Evaluation:
+    """One evaluation: the metrics (averaged over the set once gathered), and per example its greedy completion and
+    that completion's score, in the set's order."""
+
+    metrics: dict[str, float]
+    completions: list[str]
+    scores: list[Score]
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -32,12 +44,6 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
     if num_samples - num_correct < k:
         return 1.0
     return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
-
-
-def _rank_and_world_size() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 def prompts_per_call(module: L.LightningModule, num_prompts: int, samples: int = 1) -> int:
@@ -54,7 +60,8 @@ def prompts_per_call(module: L.LightningModule, num_prompts: int, samples: int =
 
 
 def _sampled_sums(module: L.LightningModule, task: Task, examples: Sequence[Example], rank: int) -> dict[str, float]:
-    """Sums over `examples` of per-prompt pass@1 and pass@k from `eval_samples` completions each."""
+    """Sums over `examples` of per-prompt pass@1 and pass@k from `eval_samples` completions each (RunStopped when a
+    reward raises or is not finite)."""
     hp = module.hparams
     k = hp.eval_samples
     per_call = prompts_per_call(module, len(examples), k)
@@ -63,68 +70,67 @@ def _sampled_sums(module: L.LightningModule, task: Task, examples: Sequence[Exam
         batch = list(examples[start : start + per_call])
         texts = module.engine.generate(
             [task.messages(e) for e in batch],
+            module.sampling(evaluation=True),
             num_samples=k,
-            temperature=hp.eval_temperature,
-            top_p=hp.top_p,
-            max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
-            max_prompt_tokens=hp.max_prompt_tokens,
-            chat_template=hp.chat_template,
             seed=derive_seed(hp.seed, module.iteration, rank, start, "eval_samples"),
         ).texts
-        for row, example in enumerate(batch):  # rows row*k .. row*k+k-1 answer this example
-            correct = sum(task.score(text, example).correct for text in texts[row * k : (row + 1) * k])
+        scores = checked_scores(task, texts, [e for e in batch for _ in range(k)], module.iteration, "evaluation at")
+        for row in range(len(batch)):  # rows row*k .. row*k+k-1 answer this example
+            correct = sum(score.correct for score in scores[row * k : (row + 1) * k])
             sums["pass_at_1"] += pass_at_k(k, correct, 1)
             sums["pass_at_k"] += pass_at_k(k, correct, k)
     return sums
 
 
-def _evaluate_shard(
-    module: L.LightningModule, task: Task, examples: Sequence[Example], rank: int = 0
-) -> tuple[dict[str, float], list[str]]:
-    """Per-metric sums over `examples` (each batch's mean times its size) and their greedy completions."""
+def task_eval_metrics(task: Task, completions: Sequence[str], examples: Sequence[Example], scores: list[Score]):
+    """`task.eval_metrics` given the scores already computed; a task whose override predates the `scores` argument
+    is called without them (and scores again)."""
+    if "scores" in inspect.signature(task.eval_metrics).parameters:
+        return task.eval_metrics(completions, examples, scores=scores)
+    return task.eval_metrics(completions, examples)
+
+
+def _evaluate_shard(module: L.LightningModule, task: Task, examples: Sequence[Example], rank: int = 0) -> Evaluation:
+    """Per-metric sums over `examples` (each batch's mean times its size), their greedy completions and scores."""
     hp = module.hparams
-    sums: dict[str, float] = {}
-    completions: list[str] = []
+    shard = Evaluation({}, [], [])
     per_call = prompts_per_call(module, len(examples))
     failure = None  # a reward that raises or is not finite: the run stops, on every rank, after the loop
-    for start in range(0, len(examples), per_call):
-        batch = list(examples[start : start + per_call])
-        texts = module.engine.generate(  # the rollout engine (HF or vLLM), greedy
-            [task.messages(e) for e in batch],
-            greedy=True,
-            max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
-            max_prompt_tokens=hp.max_prompt_tokens,
-            chat_template=hp.chat_template,
-        ).texts
-        completions.extend(texts)
-        try:
-            checked_scores(task, texts, batch, module.iteration, "evaluation at")
-        except RunStopped as stop:
-            failure = stop
-            break
-        for name, value in task.eval_metrics(texts, batch).items():
-            sums[name] = sums.get(name, 0.0) + value * len(batch)
+    try:
+        for start in range(0, len(examples), per_call):
+            batch = list(examples[start : start + per_call])
+            texts = module.engine.generate(  # the rollout engine (HF or vLLM), greedy
+                [task.messages(e) for e in batch], module.sampling(evaluation=True).greedy_version()
+            ).texts
+            scores = checked_scores(task, texts, batch, module.iteration, "evaluation at")  # each completion once
+            shard.completions.extend(texts)
+            shard.scores.extend(scores)
+            for name, value in task_eval_metrics(task, texts, batch, scores).items():
+                shard.metrics[name] = shard.metrics.get(name, 0.0) + value * len(batch)
+        if hp.eval_samples > 0 and examples:
+            shard.metrics.update(_sampled_sums(module, task, examples, rank))
+    except RunStopped as stop:
+        failure = stop
     stop_together(module, failure, f"evaluation at iteration {module.iteration}")  # ranks' shards differ in size
-    if hp.eval_samples > 0 and examples:
-        sums.update(_sampled_sums(module, task, examples, rank))
-    return sums, completions
+    return shard
 
 
-def evaluate(module: L.LightningModule, task: Task, examples: Sequence[Example]) -> tuple[dict[str, float], list[str]]:
-    """Greedy completions for `examples` and the task's eval metrics averaged over them.
+def evaluate(module: L.LightningModule, task: Task, examples: Sequence[Example]) -> Evaluation:
+    """Greedy completions for `examples`, their scores and the task's eval metrics averaged over them.
 
     Under DDP every rank must call this (it gathers); each decodes its slice and all return the same result.
     """
-    rank, world = _rank_and_world_size()
+    rank, world = rank_and_world_size(module._trainer)
     shard = _evaluate_shard(module, task, list(examples)[rank::world], rank)
     parts = [shard]
     if world > 1:
         parts = [None] * world
         torch.distributed.all_gather_object(parts, shard)
-    totals: dict[str, float] = {}
-    completions: list[str] = [""] * len(examples)
-    for part_rank, (sums, texts) in enumerate(parts):
-        for name, value in sums.items():
-            totals[name] = totals.get(name, 0.0) + value
-        completions[part_rank::world] = texts
-    return {name: value / max(len(examples), 1) for name, value in totals.items()}, completions
+    whole = Evaluation({}, [""] * len(examples), [None] * len(examples))
+    for part_rank, part in enumerate(parts):
+        for name, value in part.metrics.items():
+            whole.metrics[name] = whole.metrics.get(name, 0.0) + value
+        whole.completions[part_rank::world] = part.completions
+        whole.scores[part_rank::world] = part.scores
+    whole.metrics = {name: value / max(len(examples), 1) for name, value in whole.metrics.items()}
+    return whole

@@ -41,15 +41,16 @@ from llm_pg.cli.summary import finish_run
 from llm_pg.data.datamodule import PromptGroupDataModule
 from llm_pg.data.user_code import add_config_dirs
 from llm_pg.modules.base import PolicyGradientModule
+from llm_pg.modules.settings import grpo_key_hint
 from llm_pg.runs.config import class_defaults, config_changes, plain_config
 from llm_pg.runs.directory import (
     RunDirError,
     RunLock,
+    checked_run_path,
     claim,
     default_run_name,
     is_rank_zero,
     mark_complete,
-    run_directory,
     trained_contents,
 )
 from llm_pg.runs.guards import RunStopped
@@ -70,7 +71,8 @@ class OneLineErrorParser(LightningArgumentParser):
             return super().error(message, ex)
         if str(message).startswith("Unexpected config"):
             message = not_a_mapping(sys.argv[1:]) or message
-        sys.stderr.write(f"llm-pg: error: {one_line(message)} (--debug: details)\n")
+        message = grpo_key_hint(one_line(message))
+        sys.stderr.write(f"llm-pg: error: {message} (--debug: details)\n")
         sys.exit(2)
 
 
@@ -159,7 +161,7 @@ class LLMPGCLI(LightningCLI):
             torch.set_num_threads(config.torch_threads)
         if config.run_name is None:
             config.run_name = default_run_name((config.get("config") or [None])[-1], config.seed)
-        config.trainer.default_root_dir = str(run_directory(config.runs_root, config.run_name))  # a name, inside
+        config.trainer.default_root_dir = str(checked_run_path(config.runs_root, config.run_name))  # a name, inside
         if self.subcommand == "fit":  # evaluation during fit is the EvalCallback's, by iteration
             config.trainer.limit_val_batches = 0
             config.trainer.num_sanity_val_steps = 0

@@ -146,11 +146,12 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return total / count.clamp(min=1.0)
 
 
-def micro_batch_mean(x: Tensor, mask: Tensor, split_tokens: Tensor | None = None) -> Tensor:
-    """The token mean of `x` `[B, C]` over a micro-batch: `masked_mean(x, mask)`; or, with `split_tokens` `[B]` (the
-    completion tokens of the micro-batch each row belongs to in the update's split), `sum_i sum_t m_it x_it /
-    split_tokens_i`. Summed over every row of a pass, the second gives the sum of the split's micro-batch means,
-    whichever rows run through the model together (`llm_pg.modules.update.grouped_passes`)."""
+def token_mean_share(x: Tensor, mask: Tensor, split_tokens: Tensor | None = None) -> Tensor:
+    """These rows' share of a token mean: `masked_mean(x, mask)` over `x` `[B, C]` when the rows are the whole
+    micro-batch (`split_tokens` None); or, with `split_tokens` `[B]` (the completion tokens of the micro-batch each
+    row belongs to in the update's split), the partial sum `sum_i sum_t m_it x_it / split_tokens_i`. Summed over
+    every row of a pass, the second gives the sum of the split's micro-batch means, whichever rows run through the
+    model together (`llm_pg.modules.update.grouped_passes`)."""
     if split_tokens is None:
         return masked_mean(x, mask)
     return ((x * mask.to(x.dtype)).sum(1) / split_tokens.to(x.dtype).clamp(min=1.0)).sum()
@@ -225,7 +226,7 @@ def _kl_term(
     split_tokens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """`(kl_coef * tokmean(approx_kl), tokmean(approx_kl))`, zeros without a reference; `tokmean` is the
-    micro-batch's token mean (`micro_batch_mean`, with `split_tokens` when the update regroups the rows).
+    micro-batch's token mean (`token_mean_share`, with `split_tokens` when the update regroups the rows).
 
     Under `token_mean` the penalty term is `kl_coef * sum(approx_kl) / num_tokens` instead, so that the whole
     step's loss is one mean over its tokens; the returned statistic stays the micro-batch's token mean.
@@ -234,7 +235,7 @@ def _kl_term(
         zero = logp.new_zeros(())
         return zero, zero
     per_token = approx_kl(logp, ref_logp)
-    kl = micro_batch_mean(per_token, mask, split_tokens)
+    kl = token_mean_share(per_token, mask, split_tokens)
     if aggregation == "token_mean":
         return kl_coef * aggregate(per_token, mask, "token_mean", num_tokens=num_tokens), kl
     return kl_coef * kl, kl
@@ -272,7 +273,7 @@ def reinforce_loss(
         advantages: `[B]`.
         ref_logp: `[B, C]` log pi_ref, or None for no KL term.
         aggregation, max_new_tokens, num_tokens: see `aggregate`.
-        split_tokens: `[B]`, see `micro_batch_mean` (None: this micro-batch's token means).
+        split_tokens: `[B]`, see `token_mean_share` (None: this micro-batch's token means).
         tis_weight: `[B, C]` truncated importance weights (`truncated_is_weight`), multiplying each token's
             policy-gradient term, `A_i * w_it * logp_it`; the KL term is not weighted. None: weight 1 (the course).
 
@@ -318,7 +319,7 @@ def grpo_loss(
         logp, old_logp: `[B, C]` log-probs under the current and the sampling policy.
         mask: `[B, C]`; advantages: `[B]`; ref_logp: `[B, C]` or None.
         aggregation, max_new_tokens, num_tokens: see `aggregate`.
-        split_tokens: `[B]`, see `micro_batch_mean` (None: this micro-batch's token means).
+        split_tokens: `[B]`, see `token_mean_share` (None: this micro-batch's token means).
         tis_weight: `[B, C]` truncated importance weights (`truncated_is_weight`) multiplying each token's clipped
             surrogate, `w_it * min(rho A, clip(rho) A)`; the KL term is not weighted. None: weight 1 (the course).
 
@@ -346,10 +347,10 @@ def grpo_loss(
     stats = {
         "policy_loss": policy_loss.detach(),
         "kl": kl.detach(),
-        "clip_fraction": micro_batch_mean((clipped_high | clipped_low).float(), mask, split_tokens),
-        "clip_fraction_low": micro_batch_mean(clipped_low.float(), mask, split_tokens),
-        "clip_fraction_high": micro_batch_mean(clipped_high.float(), mask, split_tokens),
+        "clip_fraction": token_mean_share((clipped_high | clipped_low).float(), mask, split_tokens),
+        "clip_fraction_low": token_mean_share(clipped_low.float(), mask, split_tokens),
+        "clip_fraction_high": token_mean_share(clipped_high.float(), mask, split_tokens),
         "ratio_max": rho_kept.max() if rho_kept.numel() else rho.new_ones(()),
-        "ratio_mean": micro_batch_mean(rho.detach(), mask, split_tokens),
+        "ratio_mean": token_mean_share(rho.detach(), mask, split_tokens),
     }
     return policy_loss + kl_loss, stats

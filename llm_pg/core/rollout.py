@@ -20,6 +20,14 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
+def rank_and_world_size(trainer) -> tuple[int, int]:
+    """This process's `(global rank, world size)` from a Lightning trainer; `(0, 1)` without one. The one lookup the
+    data stream (which prompts a rank draws) and the evaluation (which eval rows a rank decodes) both use."""
+    if trainer is None:
+        return 0, 1
+    return trainer.global_rank, trainer.world_size
+
+
 @dataclass
 class RolloutBatch:
     """Aligned per-row data of one rollout: `N = prompts * group_size` rows, group-contiguous.
@@ -39,7 +47,7 @@ class RolloutBatch:
     # compared with the trainer's pi_old for `rollout/logprob_mismatch_*`; in the loss only through `tis_cap`
     sampled_logp: Tensor | None = None
     # [N] float32, set by the update when its forwards group the rows otherwise than its micro-batches: the completion
-    # tokens of each row's micro-batch, over which the loss's token means are taken (`losses.micro_batch_mean`)
+    # tokens of each row's micro-batch, over which the loss's token means are taken (`losses.token_mean_share`)
     split_tokens: Tensor | None = None
     prompt_len: int = 0  # P
     texts: list[str] = field(default_factory=list)  # [N] decoded completions

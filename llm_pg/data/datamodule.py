@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
+from llm_pg.core.rollout import rank_and_world_size
 from llm_pg.data.tasks.base import Example, Task
 
 __all__ = ["PromptGroupDataModule"]
@@ -88,13 +89,8 @@ class PromptGroupDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         self.task.prepare()  # load task data here, so a missing dataset fails before any rollout
 
-    def _rank_and_world_size(self) -> tuple[int, int]:
-        if self.trainer is None:
-            return 0, 1
-        return self.trainer.global_rank, self.trainer.world_size
-
     def train_stream(self) -> PromptStream:
-        rank, world_size = self._rank_and_world_size()
+        rank, world_size = rank_and_world_size(self.trainer)
         return PromptStream(self.task, self.seed, self.prompts_per_step, self.next_batch, rank, world_size)
 
     def train_dataloader(self) -> DataLoader:

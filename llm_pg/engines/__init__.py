@@ -2,8 +2,8 @@
 
 Every engine has
 
-- `generate(conversations, *, num_samples, max_new_tokens, min_new_tokens, temperature, top_p, greedy, seed,
-  max_prompt_tokens, chat_template) -> Generation`: `num_samples` completions per conversation, group-contiguous
+- `generate(conversations, sampling, *, num_samples, seed) -> Generation`: `num_samples` completions per
+  conversation drawn as the `llm_pg.models.generation.Sampling` settings say, group-contiguous
   (row `i*G + j` answers prompt i), prompts left-padded with the tokenizer's pad id by `encode_prompts`,
   completions right-padded with the pad id after their first EOS, texts decoded without special tokens;
 - `load_weights(model)`: make the engine sample from `model`'s current weights.

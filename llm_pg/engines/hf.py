@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from llm_pg.models.generation import Conversation, Generation, generate
+from llm_pg.models.generation import Conversation, Generation, Sampling, generate
 from llm_pg.models.parallel import unsharded
 
 
@@ -40,16 +40,10 @@ class HFEngine:
     def generate(
         self,
         conversations: Sequence[Conversation],
+        sampling: Sampling,
         *,
         num_samples: int = 1,
-        max_new_tokens: int = 32,
-        min_new_tokens: int = 0,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        greedy: bool = False,
         seed: int | None = None,
-        max_prompt_tokens: int | None = None,
-        chat_template: bool = True,
     ) -> Generation:
         """`llm_pg.models.generation.generate` with this engine's model and tokenizer (same arguments), under
         `autocast`.
@@ -61,15 +55,9 @@ class HFEngine:
                 self.model,
                 self.tokenizer,
                 conversations,
+                sampling,
                 num_samples=num_samples,
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=min_new_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                greedy=greedy,
                 seed=seed,
-                max_prompt_tokens=max_prompt_tokens,
-                chat_template=chat_template,
                 share_prompt=self.share_prompt_prefix,
                 compiled=self.compiled,
             )

@@ -44,7 +44,7 @@ from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 from llm_pg.core.rollout import derive_seed
 from llm_pg.engines.vllm_log import route_vllm_log
 from llm_pg.engines.vllm_weights import AdapterPush, policy_weights, repack_tied_lm_head, vllm_max_lora_rank
-from llm_pg.models.generation import Conversation, Generation, encode_prompts
+from llm_pg.models.generation import Conversation, Generation, Sampling, encode_prompts
 from llm_pg.models.loading import resolve_model_path
 
 __all__ = ["VLLMEngine", "VLLMGeneration", "checkpoint_eos_ids", "policy_weights", "vllm_logprobs_mode"]
@@ -234,16 +234,10 @@ class VLLMEngine:
     def generate(
         self,
         conversations: Sequence[Conversation],
+        sampling: Sampling,
         *,
         num_samples: int = 1,
-        max_new_tokens: int = 32,
-        min_new_tokens: int = 0,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        greedy: bool = False,
         seed: int | None = None,
-        max_prompt_tokens: int | None = None,
-        chat_template: bool = True,
     ) -> VLLMGeneration:
         """`num_samples` completions per conversation, as `llm_pg.models.generation.generate`, plus sampled log-probs.
 
@@ -254,7 +248,7 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        encoded = encode_prompts(self.tokenizer, conversations, max_prompt_tokens, chat_template)
+        encoded = encode_prompts(self.tokenizer, conversations, sampling.max_prompt_tokens, sampling.chat_template)
         prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0)  # [N, P]
         prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0)  # [N, P]
         requests = [
@@ -263,13 +257,13 @@ class VLLMEngine:
         ]
         params = [
             SamplingParams(
-                temperature=0.0 if greedy else temperature,
-                top_p=1.0 if greedy else top_p,
+                temperature=0.0 if sampling.greedy else sampling.temperature,
+                top_p=1.0 if sampling.greedy else sampling.top_p,
                 top_k=0,
-                max_tokens=max_new_tokens,
-                min_tokens=min_new_tokens,
+                max_tokens=sampling.max_new_tokens,
+                min_tokens=sampling.min_new_tokens,
                 stop_token_ids=self.eos,
-                seed=None if seed is None or greedy else derive_seed(seed, row),
+                seed=None if seed is None or sampling.greedy else derive_seed(seed, row),
                 logprobs=0,  # the sampled token's log-prob only
                 detokenize=False,
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -15,6 +15,28 @@ from llm_pg.models.decoding import compiled_forward, reserved_cache
 from llm_pg.models.sampling import NucleusSampler
 
 Conversation = Sequence[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are drawn, the settings every engine's `generate` takes: at most `max_new_tokens` (and at
+    least `min_new_tokens`) tokens at `temperature` with nucleus `top_p` (1: off), or the argmax with `greedy`; prompts
+    longer than `max_prompt_tokens` keep their last tokens; `chat_template` formats the conversation with the
+    tokenizer's template (else the turns are joined by blank lines, for base models).
+
+    Rollouts, evaluation and the reports build one (`PolicyGradientModule.sampling`); `greedy_version()` is the same
+    settings decoded greedily."""
+
+    max_new_tokens: int = 32
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    max_prompt_tokens: int | None = None
+    chat_template: bool = True
+
+    def greedy_version(self) -> Sampling:
+        return replace(self, greedy=True)
 
 
 @dataclass
@@ -79,20 +101,14 @@ def generate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     conversations: Sequence[Conversation],
+    sampling: Sampling = Sampling(),
     *,
     num_samples: int = 1,
-    max_new_tokens: int = 32,
-    min_new_tokens: int = 0,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    greedy: bool = False,
     seed: int | None = None,
-    max_prompt_tokens: int | None = None,
-    chat_template: bool = True,
     share_prompt: bool = True,
     compiled: bool = False,
 ) -> Generation:
-    """Sample `num_samples` completions per conversation (KV cache on, model in eval mode).
+    """Sample `num_samples` completions per conversation as `sampling` says (KV cache on, model in eval mode).
 
     Sampling is plain temperature/top-p sampling: top-k and repetition penalties that a model's own
     generation config may carry are switched off, so the log-probs the trainer computes at `temperature`
@@ -106,21 +122,22 @@ def generate(
     decode steps run through `torch.compile` (`llm_pg.models.decoding.compiled_forward`).
     """
     device = next(model.parameters()).device
-    encoded = encode_prompts(tokenizer, conversations, max_prompt_tokens, chat_template)
+    encoded = encode_prompts(tokenizer, conversations, sampling.max_prompt_tokens, sampling.chat_template)
     prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0).to(device)  # [N, P]
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
     eos = eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    if greedy:
-        sampling = {"do_sample": False}
-    elif top_p < 1.0:  # our nucleus sampler draws the token; generate's greedy argmax then takes it
-        sampling = {"do_sample": False, "logits_processor": LogitsProcessorList([NucleusSampler(temperature, top_p)])}
+    if sampling.greedy:
+        draw = {"do_sample": False}
+    elif sampling.top_p < 1.0:  # our nucleus sampler draws the token; generate's greedy argmax then takes it
+        nucleus = NucleusSampler(sampling.temperature, sampling.top_p)
+        draw = {"do_sample": False, "logits_processor": LogitsProcessorList([nucleus])}
     else:
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+        draw = {"do_sample": True, "temperature": sampling.temperature, "top_p": 1.0, "top_k": 0}
     was_training = model.training
     model.eval()
     cache = prompt_cache(model, encoded, num_samples) if share_prompt else None
-    cache = reserved_cache(model, cache, max_new_tokens)
+    cache = reserved_cache(model, cache, sampling.max_new_tokens)
     devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, enabled=seed is not None), compiled_forward(model, compiled):
         if seed is not None:
@@ -128,8 +145,8 @@ def generate(
         output = model.generate(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens,
+            max_new_tokens=sampling.max_new_tokens,
+            min_new_tokens=sampling.min_new_tokens,
             repetition_penalty=1.0,
             num_beams=1,
             eos_token_id=eos,
@@ -139,7 +156,7 @@ def generate(
             # gathered once around the call instead (`llm_pg.models.parallel.unsharded`), so ranks decode alone.
             synced_gpus=False,
             **(with_kv_cache(cache) if cache is not None else {}),
-            **sampling,
+            **draw,
         )
     model.train(was_training)
     completion_ids = output[:, prompt_ids.shape[1] :]  # [N, C]

@@ -31,6 +31,7 @@ from llm_pg.callbacks.sharded_eval import evaluate
 from llm_pg.core.losses import Advantage, LossAggregation
 from llm_pg.core.rollout import RolloutBatch, derive_seed
 from llm_pg.engines import HFEngine, SamplerHealth, build_engine
+from llm_pg.models.generation import Sampling
 from llm_pg.models.loading import (
     LoRA,
     default_dtype,
@@ -206,6 +207,12 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self._engine_iteration: int | None = None  # the iteration whose weights the engine holds
         self.sampler_health = SamplerHealth(tis_cap, rank_zero_warn)  # rollout/ mismatch and TIS figures
 
+    @property
+    def iteration_in_progress(self) -> int:
+        """The iteration being sampled and trained now, 1-based: one past `iteration` (those completed, saved in
+        checkpoints), so the number that its metrics row's `step` and its generations rows will carry."""
+        return self.iteration + 1
+
     # ---- what the algorithms define -------------------------------------------------------------------
 
     @property
@@ -214,11 +221,11 @@ class PolicyGradientModule(L.LightningModule, ABC):
         """Passes over each rollout."""
 
     @property
-    def needs_old_logp(self) -> bool:
+    def needs_pi_old(self) -> bool:
         return False
 
     @property
-    def reuses_first_pass(self) -> bool:
+    def pi_old_from_first_pass(self) -> bool:
         """Whether pi_old is taken from the first pass instead of a separate no-grad pass (GRPO decides)."""
         return False
 
@@ -260,6 +267,27 @@ class PolicyGradientModule(L.LightningModule, ABC):
             self._engine.load_weights(self.policy)
             self._engine_iteration = self.iteration
         return self._engine
+
+    def sampling(self, evaluation: bool = False) -> Sampling:
+        """How the rollouts are sampled; with `evaluation`, how the evaluation samples (`eval_max_new_tokens`,
+        `eval_temperature` for `eval_samples`, no minimum length; `.greedy_version()` for its greedy pass)."""
+        hp = self.hparams
+        if evaluation:
+            return Sampling(
+                max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
+                temperature=hp.eval_temperature,
+                top_p=hp.top_p,
+                max_prompt_tokens=hp.max_prompt_tokens,
+                chat_template=hp.chat_template,
+            )
+        return Sampling(
+            max_new_tokens=hp.max_new_tokens,
+            min_new_tokens=hp.min_new_tokens,
+            temperature=hp.temperature,
+            top_p=hp.top_p,
+            max_prompt_tokens=hp.max_prompt_tokens,
+            chat_template=hp.chat_template,
+        )
 
     def autocast(self) -> AbstractContextManager:
         """Forward passes in the compute dtype: autocast casts float32 weights per op (nothing to do in float32)."""
@@ -353,8 +381,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         totals, grad_norms, ratio_max = run_update(self, rollout, shuffle)
         if not grad_norms:
             rank_zero_info(
-                f"iteration {self.iteration + 1}: every group was settled and filtered (filter_zero_std_groups): "
-                "no optimizer step; the iteration still counts"
+                f"iteration {self.iteration_in_progress}: every group was settled and filtered "
+                "(filter_zero_std_groups): no optimizer step; the iteration still counts"
             )
         metrics = {f"train/{k}": v for k, v in totals.items()}
         finite_norms = [g for g in grad_norms if math.isfinite(g)]
@@ -402,11 +430,11 @@ class PolicyGradientModule(L.LightningModule, ABC):
 
         task = self.trainer.datamodule.task
         with unsharded(self.policy):  # FSDP2: one gather, however many examples this rank decodes
-            metrics, completions = evaluate(self, task, batch)
+            evaluation = evaluate(self, task, batch)
         if self.trainer.is_global_zero:
             out = run_dir(self.trainer) / "eval" / f"iter_{self.iteration:05d}.jsonl"
-            write_eval_rows(out, task, batch, completions, append=batch_idx > 0)
-        logged = {f"eval/{k}": v for k, v in metrics.items()}
+            write_eval_rows(out, batch, evaluation, append=batch_idx > 0)
+        logged = {f"eval/{k}": v for k, v in evaluation.metrics.items()}
         self.log_dict(logged, batch_size=len(batch), on_epoch=True, sync_dist=self.trainer.world_size > 1)
 
     def on_train_end(self) -> None:

@@ -66,11 +66,11 @@ class GRPOModule(PolicyGradientModule):
         return self.hparams.ppo_epochs
 
     @property
-    def needs_old_logp(self) -> bool:
+    def needs_pi_old(self) -> bool:
         return True
 
     @property
-    def reuses_first_pass(self) -> bool:
+    def pi_old_from_first_pass(self) -> bool:
         """pi_old from the first pass: one optimizer step per pass, and no dropout unless the switch allows it."""
         hp = self.hparams
         rows = hp.prompts_per_step * hp.group_size

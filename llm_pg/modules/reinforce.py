@@ -24,36 +24,13 @@ from llm_pg.core.losses import reinforce_loss
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.core.variants import tis_weight
 from llm_pg.modules.base import PolicyGradientModule
-from llm_pg.modules.settings import reject_grpo_only
 
 
 class ReinforceModule(PolicyGradientModule):
-    """GR-REINFORCE. Takes every `PolicyGradientModule` argument; the GRPO-only keys (`ppo_epochs` other than 1,
-    `clip_eps_high`, `ratio_level`, `reuse_first_pass_logp`) are refused with a one-line error.
-
-    Args:
-        ppo_epochs: passes over each rollout; REINFORCE makes exactly 1 (any other value is refused).
-        clip_eps_high: GRPO only (refused when set): REINFORCE has no ratio to clip.
-        ratio_level: GRPO only (refused when set).
-        reuse_first_pass_logp: GRPO only (refused when set).
-    """
-
-    def __init__(
-        self,
-        *args,
-        ppo_epochs: int = 1,
-        clip_eps_high: float | None = None,
-        ratio_level: str | None = None,
-        reuse_first_pass_logp: bool | None = None,
-        **kwargs,
-    ) -> None:
-        reject_grpo_only(
-            ppo_epochs,
-            clip_eps_high=clip_eps_high,
-            ratio_level=ratio_level,
-            reuse_first_pass_logp=reuse_first_pass_logp,
-        )
-        super().__init__(*args, **kwargs)
+    """GR-REINFORCE. Takes every `PolicyGradientModule` argument and no other: the GRPO keys (`ppo_epochs`,
+    `clip_eps`, `clip_eps_high`, `ratio_level`, `reuse_first_pass_logp`) are not in its help, a config that switches
+    its class to this one drops them, and one that sets them here is refused naming the key
+    (`llm_pg.modules.settings.grpo_key_hint`)."""
 
     @property
     def epochs(self) -> int:

@@ -194,13 +194,15 @@ def check_grpo_settings(
     _flag("reuse_first_pass_logp", reuse_first_pass_logp)
 
 
-def reject_grpo_only(ppo_epochs: Any, **given: Any) -> None:
-    """ReinforceModule: `ppo_epochs` other than 1, or any other GRPO-only key that is set (not None), is an error."""
-    if ppo_epochs != 1:
-        given = {"ppo_epochs": ppo_epochs, **given}
-    for key, value in given.items():
-        if value is not None:
-            raise ValueError(
-                f"model.{key}={value!r}: REINFORCE makes one on-policy pass, with no ratio to clip or reuse; remove "
-                f"{key} or use llm_pg.modules.GRPOModule to reuse rollouts with a clipped ratio"
+GRPO_KEYS = ("ppo_epochs", "clip_eps", "clip_eps_high", "ratio_level", "reuse_first_pass_logp")
+
+
+def grpo_key_hint(message: str) -> str:
+    """`message` (a config parse error), with the fix added when it refuses a GRPO key set for ReinforceModule."""
+    for key in GRPO_KEYS:
+        if "ReinforceModule" in message and f"Option '{key}' is not accepted" in message:
+            return (
+                f"{message}: model.{key} is a GRPOModule key, and REINFORCE makes one on-policy pass with no ratio "
+                f"to clip or reuse; remove {key}, or use llm_pg.modules.GRPOModule"
             )
+    return message

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from llm_pg.core.losses import micro_batch_mean, split_token_counts
+from llm_pg.core.losses import split_token_counts, token_mean_share
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.models.parallel import is_sharded
 from llm_pg.modules.distributed import average_gradients, backward_sync_off
@@ -74,7 +74,7 @@ def grouped_passes(module, rows: int, steps: int) -> bool:
 
     When a pass is one optimizer step over micro-batches of equal size (and prefix sharing is on), the step is a
     sum over rows whatever rows run together, once each row's token means are taken over its own micro-batch of the
-    split (`losses.split_token_counts`, `losses.micro_batch_mean`): the policy term is a mean over rows, and the KL term
+    split (`losses.split_token_counts`, `losses.token_mean_share`): the policy term is a mean over rows, and the KL term
     and the logged token means divide each row's token sum by its micro-batch's token count. The shuffled split
     is still drawn, so the step is the course's, float rounding apart.
     """
@@ -116,11 +116,11 @@ def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple
     optimizer = module.optimizers()
     token_mean = hp.loss_aggregation == "token_mean"
     world = module.trainer.world_size
-    fill_old = module.needs_old_logp and rollout.old_logp is None
-    if fill_old:
+    old_from_first_pass = module.needs_pi_old and rollout.old_logp is None
+    if old_from_first_pass:
         rollout.old_logp = torch.zeros(rollout.completion_mask.shape, device=rollout.input_ids.device)  # [N, C]
     steps = steps_per_pass(len(rollout), hp.minibatch_size, hp.grad_accum_steps)
-    if fill_old and steps > 1:  # a later micro-batch of the first pass would see weights already stepped
+    if old_from_first_pass and steps > 1:  # a later micro-batch of the first pass would see weights already stepped
         raise RuntimeError(
             "the rollout has no old_logp, and a pass makes several optimizer steps: compute pi_old first"
         )
@@ -140,14 +140,14 @@ def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple
             for index in group:
                 part = rollout.select(index).trimmed()
                 logp, entropy = module.completion_logprobs(module.policy, part, with_entropy=True)  # [b, w]
-                if fill_old and epoch == 0:
+                if old_from_first_pass and epoch == 0:
                     part.old_logp = logp.detach()
                     rollout.old_logp[index.to(logp.device), : logp.shape[1]] = part.old_logp
                 loss, stats = module.loss(logp, part, num_tokens)
                 with backward_sync_off(module.trainer):  # gradients are averaged once, per step
                     # Default: divide by the micro-batches actually accumulated, so a short last group is a mean too.
                     module.manual_backward(loss * world if token_mean else loss / len(group))
-                entropy = micro_batch_mean(entropy, part.completion_mask, part.split_tokens)
+                entropy = token_mean_share(entropy, part.completion_mask, part.split_tokens)
                 stats = {"loss": loss.detach(), "entropy": entropy, **stats}
                 if token_mean:  # log the step's objective, not this micro-batch's (or this rank's) share of it
                     share = len(group) * world  # sync_dist averages over ranks: undo the per-rank token share too

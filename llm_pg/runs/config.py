@@ -40,6 +40,14 @@ RESUME_MUST_KEEP = {
     "trainer.num_nodes",
     "trainer.precision",
 }  # world size, numerics
+# Keys a class no longer takes, with the value that meant what the class now always does: ReinforceModule took the
+# four GRPO keys until 2026-12-03 only to refuse any other value, so a checkpoint saved before holds these.
+RETIRED = {
+    "model.init_args.ppo_epochs": 1,
+    "model.init_args.clip_eps_high": None,
+    "model.init_args.ratio_level": None,
+    "model.init_args.reuse_first_pass_logp": None,
+}
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -55,11 +63,14 @@ def config_changes(
     changes what is trained (anything but RESUME_MAY_CHANGE and the checkpoint/trainer progress keys).
 
     A key the checkpoint's config lacks (added to the code since) is no change when it has its default value
-    (`defaults`, dotted keys): defaults reproduce the earlier behaviour."""
+    (`defaults`, dotted keys): defaults reproduce the earlier behaviour. A key this run's config lacks (the class no
+    longer takes it) is no change when the checkpoint holds the value that the class now always applies (RETIRED)."""
     old, new, defaults = _flatten(stored), _flatten(current), defaults or {}
     changes = []
     for key in sorted(set(old) | set(new)):
         if key not in old and key in defaults and new.get(key) == defaults[key]:
+            continue
+        if key not in new and key in RETIRED and old[key] == RETIRED[key]:
             continue
         allowed = key in RESUME_MAY_CHANGE or key.startswith(RESUME_MAY_CHANGE_PREFIXES)
         if old.get(key, "<unset>") != new.get(key, "<unset>") and (not allowed or key in RESUME_MUST_KEEP):

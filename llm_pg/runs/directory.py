@@ -1,6 +1,6 @@
 """Run directories: where a run writes, who owns it, and when it is finished.
 
-A run directory `<runs_root>/<run_name>/` belongs to one run, and a run name is a name: `run_directory` accepts only
+A run directory `<runs_root>/<run_name>/` belongs to one run, and a run name is a name: `checked_run_path` accepts only
 a non-empty relative path without `.`/`..` parts that resolves strictly inside the runs root and neither lies inside
 another run nor holds runs of its own. `claim` then takes `<dir>/.lock` (an `fcntl.flock` on a file holding the
 owner's pid and host, released by the kernel when the process ends, so a killed run leaves no stale lock) and refuses
@@ -60,7 +60,7 @@ def default_run_name(config: str | Path | None, seed: int = 0) -> str:
     return name if seed == 0 else f"{name}_seed{seed}"
 
 
-def runs_root_dir(runs_root: str) -> Path:
+def ensure_runs_root(runs_root: str) -> Path:
     """`runs_root` as an existing directory (created when missing); a file there, or a folder that cannot be
     created, is a one-line error."""
     root = Path(runs_root).expanduser()
@@ -76,7 +76,7 @@ def runs_root_dir(runs_root: str) -> Path:
     return root
 
 
-def run_directory(runs_root: str, run_name: str) -> Path:
+def checked_run_path(runs_root: str, run_name: str) -> Path:
     """`<runs_root>/<run_name>` after checking that the name is a name (module docstring); RunDirError otherwise.
 
     Allowed: folders of letters, digits and `_ . + = @ , -` (not starting with `.` or `-`) joined by `/`, such as
@@ -87,7 +87,7 @@ def run_directory(runs_root: str, run_name: str) -> Path:
     parts = str(run_name).split("/")
     if not str(run_name) or str(run_name).startswith("/") or not all(NAME_PART.match(p) for p in parts):
         raise RunDirError(f"--run_name {run_name!r} is not allowed: {rule}, relative to --runs_root")
-    root = runs_root_dir(runs_root)
+    root = ensure_runs_root(runs_root)
     directory = root / Path(*parts)
     real_root = root.resolve()
     real = directory.resolve()

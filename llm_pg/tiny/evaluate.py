@@ -58,15 +58,16 @@ def evaluate_task(
 ) -> dict[str, float]:
     """Greedy exact match, and T=1 sampled reward, pass@1 and pass@8 (of `num_samples` >= 8 per prompt)."""
     from llm_pg.callbacks.sharded_eval import pass_at_k
-    from llm_pg.models.generation import generate
+    from llm_pg.models.generation import Sampling, generate
 
     if num_samples < max(PASS_AT):
         raise ValueError(f"num_samples must be >= {max(PASS_AT)} for pass@{max(PASS_AT)}, got {num_samples}")
     examples = task.eval_examples
     conversations = [task.messages(e) for e in examples]
-    greedy = generate(model, tokenizer, conversations, greedy=True, max_new_tokens=max_new_tokens)
+    greedy = generate(model, tokenizer, conversations, Sampling(greedy=True, max_new_tokens=max_new_tokens))
     greedy_scores = [task.score(text, e) for text, e in zip(greedy.texts, examples, strict=True)]
-    metrics = {"greedy_" + name: value for name, value in task.eval_metrics(greedy.texts, examples).items()}
+    greedy_metrics = task.eval_metrics(greedy.texts, examples, greedy_scores)
+    metrics = {"greedy_" + name: value for name, value in greedy_metrics.items()}
     if task.name == "format_copy":  # the sign is where the tiny model's demonstrations fail
         for sign, negative in (("neg", True), ("pos", False)):
             part = [
@@ -77,10 +78,9 @@ def evaluate_task(
         model,
         tokenizer,
         conversations,
+        Sampling(temperature=1.0, max_new_tokens=max_new_tokens),
         num_samples=num_samples,
-        temperature=1.0,
         seed=seed,
-        max_new_tokens=max_new_tokens,
     )
     sample_examples = [e for e in examples for _ in range(num_samples)]  # group-contiguous, as generate returns
     scores = [task.score(text, e) for text, e in zip(sampled.texts, sample_examples, strict=True)]

@@ -86,9 +86,22 @@ class Task(ABC):
         turns = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return [*turns, {"role": "user", "content": example.prompt}]
 
-    def eval_metrics(self, completions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
-        """Eval-set metrics; the base reports `exact_match` and the mean reward."""
-        scores = [self.score(c, e) for c, e in zip(completions, examples, strict=True)]
+    def scores_of(
+        self, completions: Sequence[str], examples: Sequence[Example], scores: Sequence[Score] | None = None
+    ) -> Sequence[Score]:
+        """`scores` when given (one per completion), else each completion scored."""
+        if scores is None:
+            return [self.score(c, e) for c, e in zip(completions, examples, strict=True)]
+        if len(scores) != len(completions):
+            raise ValueError(f"eval_metrics got {len(scores)} scores for {len(completions)} completions")
+        return scores
+
+    def eval_metrics(
+        self, completions: Sequence[str], examples: Sequence[Example], scores: Sequence[Score] | None = None
+    ) -> dict[str, float]:
+        """Eval-set metrics; the base reports `exact_match` and the mean reward. `scores`: `score(completions[i],
+        examples[i])` when the caller has them already (the evaluation does), so no completion is scored twice."""
+        scores = self.scores_of(completions, examples, scores)
         n = max(len(scores), 1)
         return {
             "exact_match": sum(s.correct for s in scores) / n,

@@ -249,9 +249,11 @@ class DatasetTask(Task):
             correct = result.correct if i == 0 else correct
         return Score(total=total, correct=bool(correct), components=components)
 
-    def eval_metrics(self, completions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
+    def eval_metrics(
+        self, completions: Sequence[str], examples: Sequence[Example], scores: Sequence[Score] | None = None
+    ) -> dict[str, float]:
         """`exact_match` (the first reward's correct), the mean `reward` and each entry's mean `reward_<name>`."""
-        scores = [self.score(c, e) for c, e in zip(completions, examples, strict=True)]
+        scores = self.scores_of(completions, examples, scores)
         n = max(len(scores), 1)
         metrics = {"exact_match": sum(s.correct for s in scores) / n, "reward": sum(s.total for s in scores) / n}
         for name in self.components:

@@ -103,10 +103,12 @@ class FormatCopyTask(Task):
     def score(self, completion: str, example: Example) -> Score:
         return score(completion, example.answer)
 
-    def eval_metrics(self, completions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
+    def eval_metrics(
+        self, completions: Sequence[str], examples: Sequence[Example], scores: Sequence[Score] | None = None
+    ) -> dict[str, float]:
         """`exact_match`, mean `reward`, `has_tag` (share earning the tags term: an `<answer>` tag closes)
         and `tag_only` (share earning the clean term: nothing but the tagged answer), as the course's eval."""
-        scores = [self.score(c, e) for c, e in zip(completions, examples, strict=True)]
+        scores = self.scores_of(completions, examples, scores)
         n = max(len(scores), 1)
         return {
             "exact_match": sum(s.correct for s in scores) / n,

@@ -84,13 +84,15 @@ class BoxedAnswerTask(Task):
     def score(self, completion: str, example: Example) -> Score:
         return score(completion, example.answer)
 
-    def eval_metrics(self, completions: Sequence[str], examples: Sequence[Example]) -> dict[str, float]:
+    def eval_metrics(
+        self, completions: Sequence[str], examples: Sequence[Example], scores: Sequence[Score] | None = None
+    ) -> dict[str, float]:
         """The course's eval: `exact_match` (boxed parser), `exact_match_relaxed` (boxed, or else the last
         number token, even when a wrong box parses), `has_boxed` (a closed box) and the mean `reward`."""
         n = max(len(completions), 1)
         totals = {"exact_match": 0.0, "exact_match_relaxed": 0.0, "has_boxed": 0.0, "reward": 0.0}
-        for completion, example in zip(completions, examples, strict=True):
-            result = self.score(completion, example)
+        scores = self.scores_of(completions, examples, scores)
+        for completion, example, result in zip(completions, examples, scores, strict=True):
             totals["exact_match"] += result.correct
             totals["exact_match_relaxed"] += result.correct or _close(
                 last_number(completion), gold_value(example.answer)
