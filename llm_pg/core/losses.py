@@ -93,9 +93,11 @@ def approx_kl(logp: Tensor, ref_logp: Tensor, clamp: float = 20.0) -> Tensor:
 Advantage = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]  # the estimators of `advantages`
 LossAggregation = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
 RatioLevel = Literal["token", "sequence"]  # the course's per-token ratio, or GSPO's per-sequence one
+PolicyLoss = Literal["clip", "cispo"]  # GRPO's clipped surrogate, or CISPO's clipped-weight REINFORCE
 ADVANTAGE_ESTIMATORS = get_args(Advantage)
 LOSS_AGGREGATIONS = get_args(LossAggregation)
 RATIO_LEVELS = get_args(RatioLevel)
+POLICY_LOSSES = get_args(PolicyLoss)
 SETTLED_RTOL = 1e-6  # rewards closer than this (relative to max(1, |r|)) are "equal": float noise, not signal
 
 
@@ -216,6 +218,27 @@ def aggregate(
     raise ValueError(f"loss aggregation must be one of {LOSS_AGGREGATIONS}, got {mode!r}")
 
 
+def token_term(
+    per_token: Tensor,
+    mask: Tensor,
+    coef: float,
+    aggregation: str = "seq_mean_token_mean",
+    num_tokens: float | Tensor | None = None,
+    split_tokens: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """A per-token term of the loss, `(coef * tokmean(x), tokmean(x))` for `x` `[B, C]`; `tokmean` is the
+    micro-batch's token mean (`token_mean_share`, with `split_tokens` when the update regroups the rows).
+
+    Under `token_mean` the loss term is `coef * sum(x) / num_tokens` instead, so that the whole step's loss is one
+    mean over its tokens; the returned statistic stays the micro-batch's token mean. The KL penalty and the entropy
+    bonus are such terms.
+    """
+    mean = token_mean_share(per_token, mask, split_tokens)
+    if aggregation == "token_mean":
+        return coef * aggregate(per_token, mask, "token_mean", num_tokens=num_tokens), mean
+    return coef * mean, mean
+
+
 def _kl_term(
     logp: Tensor,
     ref_logp: Tensor | None,
@@ -225,20 +248,42 @@ def _kl_term(
     num_tokens: float | Tensor | None = None,
     split_tokens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """`(kl_coef * tokmean(approx_kl), tokmean(approx_kl))`, zeros without a reference; `tokmean` is the
-    micro-batch's token mean (`token_mean_share`, with `split_tokens` when the update regroups the rows).
-
-    Under `token_mean` the penalty term is `kl_coef * sum(approx_kl) / num_tokens` instead, so that the whole
-    step's loss is one mean over its tokens; the returned statistic stays the micro-batch's token mean.
-    """
+    """`token_term` of `approx_kl(logp, ref_logp)` with `kl_coef`; zeros without a reference."""
     if ref_logp is None:
         zero = logp.new_zeros(())
         return zero, zero
-    per_token = approx_kl(logp, ref_logp)
-    kl = token_mean_share(per_token, mask, split_tokens)
-    if aggregation == "token_mean":
-        return kl_coef * aggregate(per_token, mask, "token_mean", num_tokens=num_tokens), kl
-    return kl_coef * kl, kl
+    return token_term(approx_kl(logp, ref_logp), mask, kl_coef, aggregation, num_tokens, split_tokens)
+
+
+def entropy_bonus(
+    entropy: Tensor,
+    mask: Tensor,
+    coef: float,
+    aggregation: str = "seq_mean_token_mean",
+    num_tokens: float | Tensor | None = None,
+    split_tokens: Tensor | None = None,
+) -> Tensor:
+    """The entropy bonus `coef * tokmean(H)` (`token_term`), which the loss subtracts: `loss - entropy_bonus`
+    raises the entropy of the sampled positions' next-token distributions `H` `[B, C]` (with grad). As TRL's
+    `entropy_coef`: the same token mean whatever the policy term's aggregation (up to `token_mean`'s step-wide
+    token count)."""
+    return token_term(entropy, mask, coef, aggregation, num_tokens, split_tokens)[0]
+
+
+def differentiable_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """`token_entropy` with its gradient: `H = -sum_j p_j log p_j` of `softmax(logits / T)`, `[B, L]` float32."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, L, V]
+    return -(logp.exp() * logp).sum(-1)
+
+
+def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: int, penalty: float) -> Tensor:
+    """DAPO's soft overlong punishment (Yu et al., 2025, eq. 13), a reward term `[N]` from completion lengths `[N]`
+    (tokens up to and including EOS): 0 up to `max_new_tokens - buffer` tokens, then falling linearly to `-penalty`
+    at `max_new_tokens`: `min(0, -(L - (max_new_tokens - buffer)) / buffer * penalty)` (verl's `overlong_buffer`)."""
+    if buffer < 1:
+        raise ValueError(f"overlong buffer must be >= 1 token, got {buffer}")
+    exceed = lengths.double() - (max_new_tokens - buffer)
+    return (-exceed / buffer * penalty).clamp(max=0.0).to(torch.float32)
 
 
 def truncated_is_weight(old_logp: Tensor, sampler_logp: Tensor, cap: float) -> Tensor:
@@ -291,6 +336,17 @@ def reinforce_loss(
     return policy_loss + kl_loss, {"policy_loss": policy_loss.detach(), "kl": kl.detach()}
 
 
+def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, ratio_level: str = "token") -> Tensor:
+    """`[B, C]` `rho_it = exp(logp_it - old_logp_it)` (`token`), or GSPO's `rho_i = exp(seqmean_i(logp - old_logp))`
+    broadcast over row i's tokens (`sequence`); log-ratios clamped to +-20."""
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, C]
+    if ratio_level == "sequence":
+        log_ratio = masked_mean(log_ratio, mask, dim=1).unsqueeze(1).expand_as(logp)  # [B, C], one per row
+    elif ratio_level != "token":
+        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+    return torch.exp(log_ratio)
+
+
 def grpo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -329,12 +385,7 @@ def grpo_loss(
         `clip_fraction_high` (rho > 1 + eps_high and A > 0), `ratio_max`, `ratio_mean`.
     """
     high = clip_eps if clip_eps_high is None else clip_eps_high
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [B, C]
-    if ratio_level == "sequence":
-        log_ratio = masked_mean(log_ratio, mask, dim=1).unsqueeze(1).expand_as(logp)  # [B, C], one per row
-    elif ratio_level != "token":
-        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
-    rho = torch.exp(log_ratio)
+    rho = importance_ratio(logp, old_logp, mask, ratio_level)
     adv = advantages.unsqueeze(1)  # [B, 1]
     surrogate = torch.minimum(rho * adv, rho.clamp(1.0 - clip_eps, 1.0 + high) * adv)
     if tis_weight is not None:
@@ -350,6 +401,57 @@ def grpo_loss(
         "clip_fraction": token_mean_share((clipped_high | clipped_low).float(), mask, split_tokens),
         "clip_fraction_low": token_mean_share(clipped_low.float(), mask, split_tokens),
         "clip_fraction_high": token_mean_share(clipped_high.float(), mask, split_tokens),
+        "ratio_max": rho_kept.max() if rho_kept.numel() else rho.new_ones(()),
+        "ratio_mean": token_mean_share(rho.detach(), mask, split_tokens),
+    }
+    return policy_loss + kl_loss, stats
+
+
+def cispo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    ref_logp: Tensor | None = None,
+    clip_eps_high: float = 0.2,
+    kl_coef: float = 0.0,
+    ratio_level: str = "token",
+    aggregation: str = "seq_mean_token_mean",
+    max_new_tokens: int | None = None,
+    num_tokens: float | Tensor | None = None,
+    split_tokens: Tensor | None = None,
+    tis_weight: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, 2025): REINFORCE with each token's importance weight clipped and detached,
+
+    `loss = -aggregate(sg(min(rho, 1 + clip_eps_high)) * A_i * logp_it) + kl_coef * tokmean(approx_kl)`,
+
+    `rho` as `importance_ratio`. Unlike the clipped surrogate, a token whose ratio passed the bound still has a
+    gradient (through `logp`), at a capped weight. TRL 1.16's `loss_type="cispo"` with
+    `epsilon_high = 1 + clip_eps_high` (TRL caps the ratio at `epsilon_high` itself) and the `token_mean`
+    aggregation is the same loss. Arguments as `grpo_loss`.
+
+    Returns:
+        The scalar loss and detached stats `policy_loss`, `kl`, `clip_fraction` = `clip_fraction_high` (share of
+        completion tokens whose weight the bound caps on a row with A > 0, TRL's `cispo_clip_ratio`),
+        `clip_fraction_low` (0: no lower bound), `ratio_max`, `ratio_mean`.
+    """
+    rho = importance_ratio(logp, old_logp, mask, ratio_level)
+    adv = advantages.unsqueeze(1)  # [B, 1]
+    weight = rho.clamp(max=1.0 + clip_eps_high).detach()
+    per_token = weight * adv * logp
+    if tis_weight is not None:
+        per_token = tis_weight * per_token
+    policy_loss = -aggregate(per_token, mask, aggregation, max_new_tokens, num_tokens)
+    kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
+    capped = (rho > 1.0 + clip_eps_high) & (adv > 0)  # [B, C]
+    rho_kept = rho.detach()[mask]
+    stats = {
+        "policy_loss": policy_loss.detach(),
+        "kl": kl.detach(),
+        "clip_fraction": token_mean_share(capped.float(), mask, split_tokens),
+        "clip_fraction_low": token_mean_share(torch.zeros_like(rho), mask, split_tokens),
+        "clip_fraction_high": token_mean_share(capped.float(), mask, split_tokens),
         "ratio_max": rho_kept.max() if rho_kept.numel() else rho.new_ones(()),
         "ratio_mean": token_mean_share(rho.detach(), mask, split_tokens),
     }

@@ -30,6 +30,7 @@ from llm_pg.callbacks.rollout import RolloutCallback, ScoredRollout
 from llm_pg.callbacks.sharded_eval import evaluate
 from llm_pg.core.losses import Advantage, LossAggregation
 from llm_pg.core.rollout import RolloutBatch, derive_seed
+from llm_pg.core.schedule import LrSchedule, lr_factor
 from llm_pg.engines import HFEngine, SamplerHealth, build_engine
 from llm_pg.models.generation import Sampling
 from llm_pg.models.loading import (
@@ -73,6 +74,9 @@ class PolicyGradientModule(L.LightningModule, ABC):
         weight_decay: AdamW's decoupled weight decay.
         warmup_steps: RL iterations over which the learning rate ramps linearly,
             `lr * min(1, (iteration + 1) / warmup_steps)`, as in the course (0: the full rate at once).
+        lr_schedule: after warmup, `constant` (the course) | `linear` | `cosine` decay from `lr` to
+            `min_lr_ratio * lr` over the remaining iterations (`llm_pg.core.schedule`), stepped per iteration.
+        min_lr_ratio: the floor of a `linear` or `cosine` decay, as a share of `lr` (0: decay to 0).
         max_grad_norm: gradient-norm clip per optimizer step.
         adv_clip: advantages are clipped to +-adv_clip after group normalisation.
         temperature: sampling temperature of the rollouts.
@@ -129,6 +133,12 @@ class PolicyGradientModule(L.LightningModule, ABC):
             token's policy-gradient term is weighted by `min(exp(old_logp - sampler_logp), tis_cap)`, where
             `sampler_logp` is the engine's own log-prob of the token (vLLM; with HF the weight is exactly 1).
             Logs `rollout/tis_weight_mean` and `rollout/tis_clipped_frac`. See docs/algorithms.md, "TIS".
+        entropy_coef: entropy bonus: the loss subtracts `entropy_coef` times the token mean of the sampled positions'
+            next-token entropy (with its gradient), logged as `train/entropy_bonus` (0: off, the course).
+        overlong_buffer: DAPO's soft overlong punishment: a completion longer than `max_new_tokens -
+            overlong_buffer` tokens gets a reward term falling linearly to `-overlong_penalty` at `max_new_tokens`,
+            the column `reward_overlong` (0: off, the course). Added to any task's reward, before the advantages.
+        overlong_penalty: the largest overlong punishment, at `max_new_tokens` tokens.
         max_skipped_iterations: stop the run (exit 1, no `final/`, no `COMPLETE`) after this many consecutive
             iterations in which every optimizer step was skipped as non-finite (or the loss was not finite); a
             non-finite weight stops it at once (`llm_pg.runs.guards`).
@@ -151,6 +161,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         lr: float = 3e-5,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
+        lr_schedule: LrSchedule = "constant",
+        min_lr_ratio: float = 0.0,
         max_grad_norm: float = 0.5,
         adv_clip: float = 5.0,
         temperature: float = 1.0,
@@ -181,6 +193,9 @@ class PolicyGradientModule(L.LightningModule, ABC):
         vllm_max_num_batched_tokens: int | None = None,
         eval_batch_size: int | None = None,
         tis_cap: float | None = None,
+        entropy_coef: float = 0.0,
+        overlong_buffer: int = 0,
+        overlong_penalty: float = 1.0,
         max_skipped_iterations: int = 3,
         seed: int = 0,
     ) -> None:
@@ -339,11 +354,12 @@ class PolicyGradientModule(L.LightningModule, ABC):
         return [RolloutCallback(), EvalCallback(), GenerationsCallback()]
 
     def completion_logprobs(
-        self, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False
+        self, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False, entropy_grad: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """Completion log-probs `[b, C]` at `logprob_temperature`, and optionally the token entropy `[b, C]`
-        (`llm_pg.modules.logprobs.completion_logprobs`: each distinct prompt runs once when `share_prompt_prefix`)."""
-        return logprobs.completion_logprobs(self, model, rollout, with_entropy)
+        """Completion log-probs `[b, C]` at `logprob_temperature`, and optionally the token entropy `[b, C]` (with its
+        gradient: `entropy_grad`) (`llm_pg.modules.logprobs.completion_logprobs`: each distinct prompt runs once when
+        `share_prompt_prefix`)."""
+        return logprobs.completion_logprobs(self, model, rollout, with_entropy, entropy_grad)
 
     def old_logprobs(self, rollout: RolloutBatch) -> Tensor:
         """pi_old: log-probs `[N, C]` of the completions under the policy as it is now (before the update), no grad
@@ -361,10 +377,10 @@ class PolicyGradientModule(L.LightningModule, ABC):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         hp = self.hparams
         optimizer = torch.optim.AdamW(params, lr=hp.lr, betas=(0.9, 0.95), weight_decay=hp.weight_decay)
-        warmup = hp.warmup_steps
         # Stepped once per RL iteration (in training_step), so its step count is the iteration.
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda iteration: min(1.0, (iteration + 1) / warmup) if warmup > 0 else 1.0
+            optimizer,
+            lambda step: lr_factor(step, hp.warmup_steps, hp.iterations, hp.lr_schedule, hp.min_lr_ratio),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 

@@ -6,7 +6,9 @@ Objective, minimised for `ppo_epochs` passes over each rollout (defaults: the co
     loss = -mean_i( seqmean_i( min(rho A_i, clip(rho, 1-clip_eps, 1+clip_eps) A_i) ) ) + kl_coef * tokmean(e^D - D - 1)
 
 Variants (docs/algorithms.md): `clip_eps_high` (DAPO's clip-higher: the upper bound 1 + clip_eps_high),
-`ratio_level: sequence` (GSPO: one length-normalised ratio per completion), and the base module's `advantage`,
+`ratio_level: sequence` (GSPO: one length-normalised ratio per completion), `policy_loss: cispo` (CISPO:
+`-sg(min(rho, 1 + clip_eps_high)) A_i logp`, a clipped and detached weight instead of a clipped surrogate), and the
+base module's `advantage`,
 `loss_aggregation`, `filter_zero_std_groups`, `mask_truncated`.
 
 Departures from the paper (Shao et al., 2024): advantages are clipped to +-adv_clip; pi_old and pi_ref
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from llm_pg.core.losses import RatioLevel, grpo_loss
+from llm_pg.core.losses import PolicyLoss, RatioLevel, cispo_loss, grpo_loss
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.core.variants import tis_weight
 from llm_pg.modules.base import PolicyGradientModule
@@ -45,6 +47,9 @@ class GRPOModule(PolicyGradientModule):
         clip_eps_high: the upper clip `1 + clip_eps_high` (DAPO); null: `clip_eps`.
         ratio_level: `token` (course) or `sequence` (GSPO).
         reuse_first_pass_logp: take pi_old from the first pass even when the policy has dropout.
+        policy_loss: `clip` (GRPO's clipped surrogate, the course) or `cispo` (MiniMax-M1's CISPO: each token's
+            `A * logp` weighted by the detached ratio capped at `1 + clip_eps_high`, or `1 + clip_eps` when that is
+            null; `clip_eps` sets no lower bound there). See docs/algorithms.md, "CISPO".
     """
 
     def __init__(
@@ -55,9 +60,10 @@ class GRPOModule(PolicyGradientModule):
         clip_eps_high: float | None = None,
         ratio_level: RatioLevel = "token",
         reuse_first_pass_logp: bool = False,
+        policy_loss: PolicyLoss = "clip",
         **kwargs,
     ) -> None:
-        check_grpo_settings(ppo_epochs, clip_eps, clip_eps_high, ratio_level, reuse_first_pass_logp)
+        check_grpo_settings(ppo_epochs, clip_eps, clip_eps_high, ratio_level, reuse_first_pass_logp, policy_loss)
         super().__init__(*args, **kwargs)
         self.save_hyperparameters()
 
@@ -82,6 +88,22 @@ class GRPOModule(PolicyGradientModule):
         self, logp: Tensor, rollout: RolloutBatch, num_tokens: float | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         hp = self.hparams
+        if hp.policy_loss == "cispo":
+            return cispo_loss(
+                logp,
+                rollout.old_logp,
+                rollout.completion_mask,
+                rollout.advantages,
+                rollout.ref_logp,
+                clip_eps_high=hp.clip_eps if hp.clip_eps_high is None else hp.clip_eps_high,
+                kl_coef=hp.kl_coef,
+                ratio_level=hp.ratio_level,
+                aggregation=hp.loss_aggregation,
+                max_new_tokens=hp.max_new_tokens,
+                num_tokens=num_tokens,
+                split_tokens=rollout.split_tokens,
+                tis_weight=tis_weight(rollout, hp.tis_cap),
+            )
         return grpo_loss(
             logp,
             rollout.old_logp,

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from llm_pg.core.chunked_logprobs import chunked_target_logprobs
-from llm_pg.core.losses import target_logprobs, token_entropy
+from llm_pg.core.losses import differentiable_entropy, target_logprobs, token_entropy
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.models.cache import (
     PromptCache,
@@ -196,7 +196,9 @@ def completion_hidden(
     return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
 
 
-def completion_logprobs(module, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False):
+def completion_logprobs(
+    module, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False, entropy_grad: bool = False
+):
     """Completion log-probs `[b, C]` at the module's `logprob_temperature` T, and optionally the token entropy
     `[b, C]`: `out[i, c] = log_softmax(logits[i, P-1+c] / T)[input_ids[i, P+c]]`, in the module's compute dtype.
 
@@ -212,10 +214,13 @@ def completion_logprobs(module, model: torch.nn.Module, rollout: RolloutBatch, w
         with module.autocast():
             hidden = completion_hidden(model, rollout, hp.share_prompt_prefix, hp.share_prompt_dropout)  # [b, C, H]
             weight = _decoder_and_head(model)[1].weight  # [V, H]
-            return chunked_target_logprobs(hidden, weight, rollout.completion_ids, temperature, chunk, with_entropy)
+            targets = rollout.completion_ids
+            return chunked_target_logprobs(hidden, weight, targets, temperature, chunk, with_entropy, entropy_grad)
     with module.autocast():
         logits = completion_logits(model, rollout, hp.share_prompt_prefix, hp.share_prompt_dropout)  # [b, C, V]
     logp = target_logprobs(logits, rollout.completion_ids, temperature)
+    if entropy_grad:
+        return logp, differentiable_entropy(logits, temperature)
     return logp, token_entropy(logits, temperature) if with_entropy else None
 
 

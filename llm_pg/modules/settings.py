@@ -9,7 +9,8 @@ import importlib.util
 import math
 from typing import Any, Literal, get_args
 
-from llm_pg.core.losses import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, RATIO_LEVELS
+from llm_pg.core.losses import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, RATIO_LEVELS
+from llm_pg.core.schedule import LR_SCHEDULES
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # float16 would need loss scaling, which the update loop does not do
 RolloutEngine = Literal["hf", "vllm"]
@@ -57,6 +58,14 @@ def check_settings(hp: dict[str, Any]) -> None:
     _below("lr", hp["lr"], 0, 1, "the course uses 3e-5; a rate of 1 or more can only diverge")
     _below("weight_decay", hp["weight_decay"], 0, 1, "AdamW's decoupled decay; the course uses 0", low_included=True)
     _at_least("warmup_steps", hp["warmup_steps"], 0, "0 disables the learning-rate warmup")
+    _one_of("lr_schedule", hp["lr_schedule"], LR_SCHEDULES, "constant is the course's; linear and cosine decay")
+    if not (_number(hp["min_lr_ratio"]) and 0 <= hp["min_lr_ratio"] <= 1):
+        _fail("min_lr_ratio", "in [0, 1]", hp["min_lr_ratio"], "the decay's floor as a share of lr, e.g. 0.1")
+    if hp["lr_schedule"] == "constant" and hp["min_lr_ratio"] != 0:
+        raise ValueError(
+            f"model.min_lr_ratio={hp['min_lr_ratio']!r} means nothing with lr_schedule 'constant' (no decay); "
+            "set model.lr_schedule to linear or cosine, or drop min_lr_ratio"
+        )
     _above("max_grad_norm", hp["max_grad_norm"], 0, "the course clips the gradient norm to 0.5")
     _above("adv_clip", hp["adv_clip"], 0, "advantages are clipped to +-adv_clip; the course uses 5.0")
     _below("temperature", hp["temperature"], 0, 100, "sampling needs a positive temperature; the course uses 0.8")
@@ -74,6 +83,15 @@ def check_settings(hp: dict[str, Any]) -> None:
     _at_least("logprob_chunk_size", hp["logprob_chunk_size"], 0, "positions per LM-head chunk; 0: one head call")
     if hp["eval_batch_size"] is not None:
         _at_least("eval_batch_size", hp["eval_batch_size"], 1, "prompts per eval generate call; null: engine default")
+    _below("entropy_coef", hp["entropy_coef"], 0, 1, "the entropy bonus's weight; 0 turns it off", True)
+    if not (isinstance(hp["overlong_buffer"], int) and 0 <= hp["overlong_buffer"] <= hp["max_new_tokens"]):
+        _fail(
+            "overlong_buffer",
+            f"an integer in [0, max_new_tokens={hp['max_new_tokens']}]",
+            hp["overlong_buffer"],
+            "the last tokens before max_new_tokens over which the overlong punishment grows; 0 turns it off",
+        )
+    _at_least("overlong_penalty", hp["overlong_penalty"], 0, "the punishment at max_new_tokens, e.g. 1.0")
     if hp["tis_cap"] is not None:
         _at_least("tis_cap", hp["tis_cap"], 1, "the truncation C of min(exp(old_logp - sampler_logp), C), e.g. 2.0")
     _at_least("log_generations_every", hp["log_generations_every"], 0, "0 logs no completion tables")
@@ -177,6 +195,7 @@ def check_grpo_settings(
     clip_eps_high: Any = None,
     ratio_level: Any = "token",
     reuse_first_pass_logp: Any = False,
+    policy_loss: Any = "clip",
 ) -> None:
     """The keys only GRPO has."""
     if not (isinstance(ppo_epochs, int) and ppo_epochs >= 1):
@@ -192,9 +211,10 @@ def check_grpo_settings(
         _fail("clip_eps_high", "> 0 or null", clip_eps_high, "the upper clip 1 + clip_eps_high; null = clip_eps")
     _one_of("ratio_level", ratio_level, RATIO_LEVELS, "token is the course's per-token ratio; sequence is GSPO's")
     _flag("reuse_first_pass_logp", reuse_first_pass_logp)
+    _one_of("policy_loss", policy_loss, POLICY_LOSSES, "clip is GRPO's clipped surrogate; cispo is CISPO's")
 
 
-GRPO_KEYS = ("ppo_epochs", "clip_eps", "clip_eps_high", "ratio_level", "reuse_first_pass_logp")
+GRPO_KEYS = ("ppo_epochs", "clip_eps", "clip_eps_high", "ratio_level", "reuse_first_pass_logp", "policy_loss")
 
 
 def grpo_key_hint(message: str) -> str:

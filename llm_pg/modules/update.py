@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from llm_pg.core.losses import split_token_counts, token_mean_share
+from llm_pg.core.losses import entropy_bonus, split_token_counts, token_mean_share
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.models.parallel import is_sharded
 from llm_pg.modules.distributed import average_gradients, backward_sync_off
@@ -115,6 +115,7 @@ def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple
     hp = module.hparams
     optimizer = module.optimizers()
     token_mean = hp.loss_aggregation == "token_mean"
+    bonus = hp.entropy_coef > 0  # the entropy then carries its gradient
     world = module.trainer.world_size
     old_from_first_pass = module.needs_pi_old and rollout.old_logp is None
     if old_from_first_pass:
@@ -139,11 +140,15 @@ def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple
             num_tokens = _step_tokens(module, rollout, group) if token_mean else None
             for index in group:
                 part = rollout.select(index).trimmed()
-                logp, entropy = module.completion_logprobs(module.policy, part, with_entropy=True)  # [b, w]
+                logp, entropy = module.completion_logprobs(module.policy, part, True, bonus)  # [b, w]
                 if old_from_first_pass and epoch == 0:
                     part.old_logp = logp.detach()
                     rollout.old_logp[index.to(logp.device), : logp.shape[1]] = part.old_logp
                 loss, stats = module.loss(logp, part, num_tokens)
+                if bonus:  # loss - entropy_coef * tokmean(H)
+                    mask, aggregation = part.completion_mask, hp.loss_aggregation
+                    term = entropy_bonus(entropy, mask, hp.entropy_coef, aggregation, num_tokens, part.split_tokens)
+                    loss, stats["entropy_bonus"], entropy = loss - term, term.detach(), entropy.detach()
                 with backward_sync_off(module.trainer):  # gradients are averaged once, per step
                     # Default: divide by the micro-batches actually accumulated, so a short last group is a mean too.
                     module.manual_backward(loss * world if token_mean else loss / len(group))
@@ -152,6 +157,8 @@ def run_update(module, rollout: RolloutBatch, shuffle: torch.Generator) -> tuple
                 if token_mean:  # log the step's objective, not this micro-batch's (or this rank's) share of it
                     share = len(group) * world  # sync_dist averages over ranks: undo the per-rank token share too
                     stats["loss"], stats["policy_loss"] = stats["loss"] * share, stats["policy_loss"] * share
+                    if bonus:
+                        stats["entropy_bonus"] = stats["entropy_bonus"] * share
                 ratio_max = max(ratio_max, float(stats.pop("ratio_max", 1.0)))
                 for name, value in stats.items():
                     totals[name] = totals.get(name, 0.0) + float(value)

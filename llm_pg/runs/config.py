@@ -64,7 +64,8 @@ def config_changes(
 
     A key the checkpoint's config lacks (added to the code since) is no change when it has its default value
     (`defaults`, dotted keys): defaults reproduce the earlier behaviour. A key this run's config lacks (the class no
-    longer takes it) is no change when the checkpoint holds the value that the class now always applies (RETIRED)."""
+    longer takes it) is no change when the checkpoint holds the value that the class now always applies (RETIRED).
+    `iterations` may change only under a constant learning rate: a linear or cosine decay spans them."""
     old, new, defaults = _flatten(stored), _flatten(current), defaults or {}
     changes = []
     for key in sorted(set(old) | set(new)):
@@ -73,6 +74,8 @@ def config_changes(
         if key not in new and key in RETIRED and old[key] == RETIRED[key]:
             continue
         allowed = key in RESUME_MAY_CHANGE or key.startswith(RESUME_MAY_CHANGE_PREFIXES)
+        if key == "model.init_args.iterations" and new.get("model.init_args.lr_schedule", "constant") != "constant":
+            allowed = False  # a decaying learning rate spans `iterations`: another count changes every later rate
         if old.get(key, "<unset>") != new.get(key, "<unset>") and (not allowed or key in RESUME_MUST_KEEP):
             changes.append(f"{key}: {old.get(key, '<unset>')} -> {new.get(key, '<unset>')}")
     return changes
