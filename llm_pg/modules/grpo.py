@@ -88,35 +88,17 @@ class GRPOModule(PolicyGradientModule):
         self, logp: Tensor, rollout: RolloutBatch, num_tokens: float | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         hp = self.hparams
-        if hp.policy_loss == "cispo":
-            return cispo_loss(
-                logp,
-                rollout.old_logp,
-                rollout.completion_mask,
-                rollout.advantages,
-                rollout.ref_logp,
-                clip_eps_high=hp.clip_eps if hp.clip_eps_high is None else hp.clip_eps_high,
-                kl_coef=hp.kl_coef,
-                ratio_level=hp.ratio_level,
-                aggregation=hp.loss_aggregation,
-                max_new_tokens=hp.max_new_tokens,
-                num_tokens=num_tokens,
-                split_tokens=rollout.split_tokens,
-                tis_weight=tis_weight(rollout, hp.tis_cap),
-            )
-        return grpo_loss(
-            logp,
-            rollout.old_logp,
-            rollout.completion_mask,
-            rollout.advantages,
-            rollout.ref_logp,
-            clip_eps=hp.clip_eps,
-            kl_coef=hp.kl_coef,
-            clip_eps_high=hp.clip_eps_high,
-            ratio_level=hp.ratio_level,
-            aggregation=hp.loss_aggregation,
-            max_new_tokens=hp.max_new_tokens,
-            num_tokens=num_tokens,
-            split_tokens=rollout.split_tokens,
-            tis_weight=tis_weight(rollout, hp.tis_cap),
-        )
+        tensors = (logp, rollout.old_logp, rollout.completion_mask, rollout.advantages, rollout.ref_logp)
+        shared = {
+            "kl_coef": hp.kl_coef,
+            "ratio_level": hp.ratio_level,
+            "aggregation": hp.loss_aggregation,
+            "max_new_tokens": hp.max_new_tokens,
+            "num_tokens": num_tokens,
+            "split_tokens": rollout.split_tokens,
+            "tis_weight": tis_weight(rollout, hp.tis_cap),
+        }
+        if hp.policy_loss == "cispo":  # the weight's bound: 1 + clip_eps_high, else 1 + clip_eps
+            high = hp.clip_eps if hp.clip_eps_high is None else hp.clip_eps_high
+            return cispo_loss(*tensors, clip_eps_high=high, **shared)
+        return grpo_loss(*tensors, clip_eps=hp.clip_eps, clip_eps_high=hp.clip_eps_high, **shared)
