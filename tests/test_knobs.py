@@ -3,11 +3,13 @@ in a 2-iteration run: the learning-rate decay, the entropy bonus, CISPO, and DAP
 
 import csv
 import math
+from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import fit
+from safetensors.torch import load_file
 
 from llm_pg.core.chunked_logprobs import chunked_target_logprobs
 from llm_pg.core.losses import cispo_loss, differentiable_entropy, entropy_bonus, grpo_loss, overlong_penalty
@@ -155,6 +157,9 @@ def test_an_entropy_bonus_run_logs_its_term_and_moves_the_weights_differently(tm
     for row in runs["bonus"]:
         assert row["train/entropy_bonus"] == pytest.approx(0.5 * row["train/entropy"], rel=1e-5)
     assert runs["bonus"][0]["train/loss"] != runs["plain"][0]["train/loss"]
+    # The bonus has a gradient: with a detached entropy the loss would only shift and the weights would be equal.
+    plain, bonus = (load_file(tmp_path / name / "run" / "final" / "model.safetensors") for name in ("plain", "bonus"))
+    assert plain.keys() == bonus.keys() and any(not torch.equal(plain[k], bonus[k]) for k in plain)
     assert runs["bonus"][0]["train/reward"] == runs["plain"][0]["train/reward"]  # the same first rollout
 
 
@@ -196,9 +201,20 @@ def test_the_default_policy_loss_is_grpos_clipped_surrogate(tmp_path, random_mod
     cispo, _ = cispo_loss(logp, old, mask, advantages, ref, 0.2, 0.05)
     clip, _ = grpo_loss(logp, old, mask, advantages, ref, 0.2, 0.05)
     assert cispo.item() != clip.item()  # different objectives on off-policy tokens
-    fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", "--model.init_args.policy_loss=cispo", *VARIED)
-    rows = _train_rows(tmp_path / "run")
-    assert len(rows) == 2 and all(math.isfinite(r["train/loss"]) and r["train/clip_fraction_low"] == 0 for r in rows)
+    rows = {}
+    for loss in ("clip", "cispo"):
+        fit(
+            tmp_path / loss,
+            random_model_dir,
+            "--model.init_args.iterations=2",
+            f"--model.init_args.policy_loss={loss}",
+            *VARIED,
+        )
+        rows[loss] = _train_rows(tmp_path / loss / "run")
+    assert len(rows["cispo"]) == 2 and all(r["train/clip_fraction_low"] == 0 for r in rows["cispo"])
+    # The same first rollout, another objective: GRPO's surrogate is ~0 at rho = 1, CISPO's is -A logp.
+    assert rows["cispo"][0]["train/reward"] == rows["clip"][0]["train/reward"]
+    assert rows["cispo"][0]["train/policy_loss"] != rows["clip"][0]["train/policy_loss"]
 
 
 def _trl_loss(loss_type, logp, old, mask, advantages, ref, beta, epsilon_high, entropy=None, entropy_coef=0.0):
@@ -220,7 +236,7 @@ def _trl_loss(loss_type, logp, old, mask, advantages, ref, beta, epsilon_high, e
         current_gradient_accumulation_steps=1, accelerator=accelerator,
         args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
         _entropy_bonus_enabled=entropy is not None, entropy_coef=entropy_coef, use_adaptive_entropy=False,
-        _metrics={"train": __import__("collections").defaultdict(list)},
+        _metrics={"train": defaultdict(list)},
     )  # fmt: skip
     inputs = {
         "prompt_ids": torch.zeros(4, 1, dtype=torch.long), "prompt_mask": torch.ones(4, 1, dtype=torch.long),

@@ -137,7 +137,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
             next-token entropy (with its gradient), logged as `train/entropy_bonus` (0: off, the course).
         overlong_buffer: DAPO's soft overlong punishment: a completion longer than `max_new_tokens -
             overlong_buffer` tokens gets a reward term falling linearly to `-overlong_penalty` at `max_new_tokens`,
-            the column `reward_overlong` (0: off, the course). Added to any task's reward, before the advantages.
+            the column `reward_overlong` (0: off, the course). Added to any task's rollout reward, before the
+            advantages; the evaluation's reward stays the task's own.
         overlong_penalty: the largest overlong punishment, at `max_new_tokens` tokens.
         max_skipped_iterations: stop the run (exit 1, no `final/`, no `COMPLETE`) after this many consecutive
             iterations in which every optimizer step was skipped as non-finite (or the loss was not finite); a

@@ -28,8 +28,8 @@ from llm_pg.modules.base import PolicyGradientModule
 
 class ReinforceModule(PolicyGradientModule):
     """GR-REINFORCE. Takes every `PolicyGradientModule` argument and no other: the GRPO keys (`ppo_epochs`,
-    `clip_eps`, `clip_eps_high`, `ratio_level`, `reuse_first_pass_logp`) are not in its help, a config that switches
-    its class to this one drops them, and one that sets them here is refused naming the key
+    `clip_eps`, `clip_eps_high`, `ratio_level`, `reuse_first_pass_logp`, `policy_loss`) are not in its help, a
+    config that switches its class to this one drops them, and one that sets them here is refused naming the key
     (`llm_pg.modules.settings.grpo_key_hint`)."""
 
     @property
