@@ -21,8 +21,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/llm-pg fit --config configs/tiny/format_copy_grpo.yaml --overwrite true
 
+# The GPU check's smoke test (about a minute) runs in `make test-vllm`, where it covers the HF steps and vLLM's too.
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not real"
+	$(PY) -m pytest -q -m "not real" --deselect tests/test_launch.py::$(GPU_SMOKE)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not real"
@@ -86,6 +87,7 @@ $(VLLM_STAMP): pyproject.toml requirements.lock
 
 # The vLLM engine's tests, the fast variants instantiated with vLLM itself, and the GPU check's smoke mode with its
 # vLLM steps (the main suite runs the last two without vLLM).
+GPU_SMOKE := test_gpu_check_smoke_runs_every_step_and_ends_with_its_json
 test-vllm: $(VLLM_STAMP)
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py tests/test_vllm_ddp.py
 	$(MAKE) real-model
