@@ -7,6 +7,7 @@ tolerance. Completions have a fixed length (min = max new tokens), so the KL tok
 """
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,7 +21,10 @@ from lightning.pytorch.callbacks import Callback
 from transformers import AutoModelForCausalLM
 
 from llm_pg.callbacks.rollout import ScoredRollout
+from llm_pg.core.rollout import concat_rollouts
 from llm_pg.modules import GRPOModule
+
+pytestmark = pytest.mark.distributed
 
 TOKENS = 6
 COMMON = [
@@ -45,7 +49,8 @@ class RolloutRecorder(Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         out = Path(trainer.default_root_dir) / "rollouts" / f"iter{batch['index']}_rank{trainer.global_rank}.pt"
         out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"rollout": batch["rollout"].rows.to("cpu"), "examples": batch["examples"]}, out)
+        scored = batch["rollout"]
+        torch.save({"rollout": scored.rows.to("cpu"), "examples": scored.examples}, out)
 
 
 class RecordingGRPO(GRPOModule):
@@ -85,28 +90,12 @@ class RecordingGRPO(GRPOModule):
 
 
 def merge(parts: list) -> tuple:
-    """One rollout from the ranks' rollouts: prompts left-padded and completions right-padded to common widths."""
-    rollouts = [p["rollout"] for p in parts]
-    width = max(r.prompt_len for r in rollouts)
-    completion = max(r.completion_ids.shape[1] for r in rollouts)
-    ids, attention, masks = [], [], []
-    for r in rollouts:
-        left, right = width - r.prompt_len, completion - r.completion_ids.shape[1]
-        ids.append(torch.nn.functional.pad(r.input_ids, (left, right), value=0))
-        attention.append(torch.nn.functional.pad(r.attention_mask, (left, right), value=0))
-        masks.append(torch.nn.functional.pad(r.completion_mask, (0, right), value=False))
-    offsets = [0, len(parts[0]["examples"])]
-    merged = type(rollouts[0])(
-        input_ids=torch.cat(ids),
-        attention_mask=torch.cat(attention),
-        completion_mask=torch.cat(masks),
-        rewards=torch.cat([r.rewards for r in rollouts]),
-        advantages=torch.cat([r.advantages for r in rollouts]),
-        prompt_len=width,
-        texts=[t for r in rollouts for t in r.texts],
-        prompt_index=[i + o for r, o in zip(rollouts, offsets, strict=True) for i in r.prompt_index],
-    )
-    return merged, [e for p in parts for e in p["examples"]]
+    """One rollout from the ranks' rollouts (`concat_rollouts`: prompts left-padded and completions right-padded to
+    common widths), rank 1's prompts numbered after rank 0's."""
+    first, second = (p["rollout"] for p in parts)
+    offset = len(parts[0]["examples"])
+    second = dataclasses.replace(second, prompt_index=[i + offset for i in second.prompt_index])
+    return concat_rollouts([first, second], pad_id=0), [e for p in parts for e in p["examples"]]
 
 
 class ReplayRollouts(Callback):
@@ -137,32 +126,39 @@ def _eval_rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "eval" / "iter_00000.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
-def test_ddp_equals_one_process_over_the_same_rows(tmp_path, random_model_dir, monkeypatch):
-    command = [
+ENV = {
+    "PYTHONPATH": str(ROOT / "tests"),
+    "PATH": "/usr/bin:/bin",
+    "WANDB_MODE": "disabled",
+    "HF_HUB_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def ddp_command(tmp_path: Path, model_dir: str, *extra: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "llm_pg.cli.fit",
         "fit",
         f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}",
         "--model.class_path=test_ddp.RecordingGRPO",
-        f"--model.init_args.model_name_or_path={random_model_dir}",
+        f"--model.init_args.model_name_or_path={model_dir}",
         f"--runs_root={tmp_path}",
         "--run_name=ddp",
         "--data.prompts_per_step=2",
-        "--model.init_args.minibatch_size=8",  # every row of the rank: one micro-batch per step
         "--trainer.devices=2",
         "--trainer.strategy=ddp",
         *COMMON,
+        *extra,
     ]
-    env = {
-        "PYTHONPATH": str(ROOT / "tests"),
-        "PATH": "/usr/bin:/bin",
-        "WANDB_MODE": "disabled",
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-    }
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_ddp_equals_one_process_over_the_same_rows(tmp_path, random_model_dir, monkeypatch):
+    every_row = "--model.init_args.minibatch_size=8"  # every row of the rank: one micro-batch per step
+    command = ddp_command(tmp_path, random_model_dir, every_row)
+    result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     ddp = tmp_path / "ddp"
 
@@ -218,3 +214,41 @@ def test_ddp_equals_one_process_over_the_same_rows(tmp_path, random_model_dir, m
 
     # Sharded greedy eval: rank zero wrote every row, equal to the single process's eval.
     assert _eval_rows(ddp) == _eval_rows(tmp_path / "one" / "run")
+
+
+@pytest.mark.slow
+def test_filtered_and_refilled_groups_are_as_many_on_every_rank(tmp_path, random_model_dir):
+    # Only stream indices 0, 3, 6, ... have reward spread (test_variants.VariedTask, settle=third), and rank r's batch
+    # b holds indices (2b + r) * 2 + {0, 1}. Iteration 1 samples batches 0 and 1 (the round limit): rank 0 finds one
+    # group with spread (index 0), rank 1 two (3 and 6). Iteration 2, batches 2 and 3: rank 0 finds two (9, 12),
+    # rank 1 one (15). Every rank keeps the fewest any rank has, so both train on one group a step.
+    refill = [
+        "--data.task=test_variants.VariedTask",
+        "--data.task.init_args.settle=third",
+        "--model.init_args.filter_zero_std_groups=true",
+        "--model.init_args.max_sampling_rounds=2",
+        "--model.init_args.minibatch_size=2",
+    ]
+    result = subprocess.run(
+        ddp_command(tmp_path, random_model_dir, *refill), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ddp = tmp_path / "ddp"
+    kept = {}
+    for iteration in (0, 1):
+        for rank in (0, 1):
+            part = torch.load(ddp / "rollouts" / f"iter{iteration}_rank{rank}.pt", weights_only=False)
+            prompts = {part["examples"][i].prompt for i in part["rollout"].prompt_index}
+            kept[iteration, rank] = sorted(int(p.rsplit(":", 1)[1]) for p in prompts)
+            assert len(part["rollout"]) == 4  # one group of 4
+    assert kept == {(0, 0): [0], (0, 1): [3], (1, 0): [9], (1, 1): [15]}
+    counts = [json.loads((ddp / f"counts_rank{r}.json").read_text()) for r in (0, 1)]
+    for count in counts:  # 4 rows in micro-batches of 2, one step each, 2 epochs, 2 iterations
+        assert count["optimizer_steps"] == count["gradient"] == 8
+    weights = [torch.load(ddp / f"weights_rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for name, weight in weights[0].items():
+        assert torch.equal(weight, weights[1][name]), name
+    rows = _train_rows(ddp)
+    assert [r["train/groups_kept"] for r in rows] == [1.0, 1.0]
+    assert [r["train/sampling_rounds"] for r in rows] == [2.0, 2.0]
+    assert [r["train/filtered_groups"] for r in rows] == [2.5, 2.5]  # means over ranks: (3 + 2) / 2 and (2 + 3) / 2

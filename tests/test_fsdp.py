@@ -212,6 +212,7 @@ def assert_matches_one_process(
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp2_equals_one_process_gathers_once_per_generation(tmp_path, random_model_dir, monkeypatch):
     run_processes([(fit_command(tmp_path, random_model_dir, "fsdp", "--trainer.devices=2"), {})])
     run = tmp_path / "fsdp"
@@ -251,6 +252,7 @@ def plain_fit_command(tmp_path: Path, model_dir: str, run_name: str, *extra: str
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp2_resume_continues_exactly(tmp_path, random_model_dir):
     # A run stopped after 2 of 3 iterations and resumed from its last.ckpt (gathered on rank zero, loaded into the
     # shards) ends as the run that was never stopped: the same metrics every iteration and the same final weights.

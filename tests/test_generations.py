@@ -81,7 +81,7 @@ def test_the_callback_writes_the_jsonl_and_the_wandb_table_keeping_the_iteration
     hparams = SimpleNamespace(log_generations_every=5, group_size=3, log_generations_rows=4)
     module = SimpleNamespace(iteration=6, hparams=hparams, policy=None, tokenizer=None)
     monkeypatch.setattr("llm_pg.callbacks.generations.eos_token_ids", lambda policy, tokenizer: [EOS])
-    batch = {"rollout": ScoredRollout(filled_rollout(), scores()), "examples": EXAMPLES}
+    batch = {"rollout": ScoredRollout(filled_rollout(), scores(), examples=EXAMPLES)}
     GenerationsCallback().on_train_batch_end(trainer, module, None, batch, 0)  # iteration 6 sampled: 6 = 1 + 5
     lines = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
     assert len(lines) == 3 and all(row["iteration"] == 6 for row in lines)  # runs.logs.trim_logs reads `iteration`

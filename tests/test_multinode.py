@@ -19,6 +19,7 @@ def free_port(host: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_two_nodes_from_cluster_variables_equal_one_process(tmp_path, random_model_dir, monkeypatch):
     ips = ["::1", "::1"]  # Modal gives IPv6 addresses ordered by container rank; both "containers" are here
     port = free_port(ips[0])

@@ -50,6 +50,13 @@ BAD = [  # (override, start of the message)
     ),
     ({"filter_zero_std_groups": "yes"}, "model.filter_zero_std_groups must be true or false, got 'yes'; "),
     ({"mask_truncated": 1}, "model.mask_truncated must be true or false, got 1; "),
+    ({"max_sampling_rounds": 0}, "model.max_sampling_rounds must be an integer >= 1, got 0; "),
+    ({"max_sampling_rounds": 2.0}, "model.max_sampling_rounds must be an integer >= 1, got 2.0; "),
+    (
+        {"max_sampling_rounds": 3},
+        "model.max_sampling_rounds=3 refills the groups that filter_zero_std_groups drops, but "
+        "filter_zero_std_groups is false: ",
+    ),
     ({"eval_samples": -1}, "model.eval_samples must be an integer >= 0, got -1; "),
     ({"eval_samples": 2.5}, "model.eval_samples must be an integer >= 0, got 2.5; "),
     ({"eval_temperature": 0.0}, "model.eval_temperature must be > 0, got 0.0; "),

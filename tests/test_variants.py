@@ -2,6 +2,7 @@
 two-layer model, and the rollout-side options on hand-built rollouts."""
 
 import csv
+import dataclasses
 import json
 import logging
 import math
@@ -16,7 +17,8 @@ import llm_pg.modules.update as update
 from llm_pg.callbacks.rollout import apply_variants
 from llm_pg.callbacks.sharded_eval import pass_at_k
 from llm_pg.core.losses import group_advantages
-from llm_pg.core.rollout import RolloutBatch
+from llm_pg.core.rollout import RolloutBatch, concat_rollouts
+from llm_pg.core.variants import unsettled_rows
 from llm_pg.data.tasks.base import Example, Score, Task
 from llm_pg.modules import GRPOModule, ReinforceModule, logprobs
 
@@ -29,17 +31,18 @@ def _reward(completion: str) -> float:
 
 
 class VariedTask(Task):
-    """Rewards that differ within every group, except for prompts marked `settle`, whose completions all earn 1.3."""
+    """Rewards that differ within every group, except for prompts marked `settle`, whose completions all earn 1.3:
+    `none`, `even` (stream indices 0, 2, 4, ...), `all`, or `third` (every index not a multiple of 3)."""
 
     name = "varied"
     components = ("value",)
 
     def __init__(self, settle: str = "none", **kwargs) -> None:
         super().__init__(**kwargs)
-        self.settle = settle  # none | even (examples with an even index) | all
+        self.settle = settle
 
     def train_example(self, index: int, seed: int) -> Example:
-        settled = self.settle == "all" or (self.settle == "even" and index % 2 == 0)
+        settled = {"all": True, "even": index % 2 == 0, "third": index % 3 != 0}.get(self.settle, False)
         return Example(prompt=f"Say something {seed}:{index}", answer="settled" if settled else "")
 
     def build_eval_set(self) -> list[Example]:
@@ -90,7 +93,11 @@ def test_filter_changes_nothing_when_no_group_is_settled(tmp_path, random_model_
     assert all(r["train/frac_zero_std_groups"] == 0.0 for r in plain_rows)  # the premise: no settled group
     assert all(torch.equal(plain[n], filtered[n]) for n in plain)
     assert [r["train/filtered_groups"] for r in filtered_rows] == [0.0, 0.0]
-    assert [{k: v for k, v in r.items() if k != "train/filtered_groups"} for r in filtered_rows] == plain_rows
+    assert [(r["train/sampling_rounds"], r["train/prompts_drawn"], r["train/groups_kept"]) for r in filtered_rows] == [
+        (1.0, 2.0, 2.0)
+    ] * 2
+    added = ("train/filtered_groups", "train/sampling_rounds", "train/prompts_drawn", "train/groups_kept")
+    assert [{k: v for k, v in r.items() if k not in added} for r in filtered_rows] == plain_rows
 
 
 def test_filter_drops_settled_groups_from_the_update(tmp_path, random_model_dir, monkeypatch):
@@ -120,6 +127,92 @@ def test_filter_with_every_group_settled_makes_no_step(tmp_path, random_model_di
     assert [r["train/filtered_groups"] for r in rows] == [2.0, 2.0]
     assert [r["train/optimizer_steps"] for r in rows] == [0.0, 0.0]
     assert sum("every group was settled" in r.getMessage() for r in caplog.records) == 2
+
+
+# ---- dynamic sampling's refill (max_sampling_rounds) -------------------------------------------------------------
+
+THIRD = [*VARIED, "--data.task.init_args.settle=third", "--model.init_args.filter_zero_std_groups=true"]
+
+
+def _trained_indices(run_dir) -> list[list[int]]:
+    """The stream indices of the prompts each iteration trained on, from generations.jsonl (every kept row)."""
+    by_iteration: dict[int, list[int]] = {}
+    for line in (run_dir / "generations.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        index = int(row["prompt"].rsplit(":", 1)[1])
+        if index not in by_iteration.setdefault(row["iteration"], []):
+            by_iteration[row["iteration"]].append(index)
+    return [by_iteration[k] for k in sorted(by_iteration)]
+
+
+def test_refill_trains_every_iteration_on_prompts_per_step_groups_and_resumes_bitwise(tmp_path, random_model_dir):
+    # 2 prompts per batch; only stream indices 0, 3, 6, ... have reward spread, so batches hold 1, 1, 0, 1, 1, 0, ...
+    # groups worth training on: iteration 1 samples batches 0-1, iteration 2 batches 2-4, and so on.
+    common = ["--model.init_args.iterations=4", "--model.init_args.max_sampling_rounds=3", *THIRD]
+    straight = fit(tmp_path / "straight", random_model_dir, *common)
+    rows = _train_rows(tmp_path / "straight" / "run")
+    assert [r["train/sampling_rounds"] for r in rows] == [2.0, 3.0, 3.0, 3.0]
+    assert [r["train/prompts_drawn"] for r in rows] == [4.0, 6.0, 6.0, 6.0]
+    assert [r["train/groups_kept"] for r in rows] == [2.0] * 4
+    assert [r["train/filtered_groups"] for r in rows] == [2.0, 4.0, 4.0, 4.0]
+    assert _trained_indices(tmp_path / "straight" / "run") == [[0, 3], [6, 9], [12, 15], [18, 21]]
+    assert straight.datamodule.next_batch == 11  # every batch drawn counts: 2 + 3 + 3 + 3
+    assert straight.model.optimizer_steps == 4 * 2 * 2  # 16 rows a pass, 2 micro-batches of 2 per step, 2 epochs
+
+    # Killed in iteration 4's rollout after iteration 3 (last.ckpt holds iteration 2): the resume replays 3 and 4.
+    stopper = "--trainer.callbacks+={'class_path': 'test_run_safety.Crash', 'init_args': {'at': 3}}"
+    sparse = [*common, "--checkpoint.last_every_n_iterations=2"]
+    with pytest.raises(RuntimeError):
+        fit(tmp_path / "killed", random_model_dir, *sparse, stopper)
+    resumed = fit(tmp_path / "killed", random_model_dir, *sparse, "--ckpt_path=last")
+    assert resumed.model.iteration == 4 and resumed.datamodule.next_batch == 11
+    for name, weight in straight.model.policy.state_dict().items():
+        assert torch.equal(weight, resumed.model.policy.state_dict()[name]), name
+    assert _train_rows(tmp_path / "killed" / "run") == rows
+    assert (tmp_path / "killed" / "run" / "generations.jsonl").read_text() == (
+        tmp_path / "straight" / "run" / "generations.jsonl"
+    ).read_text()
+
+
+def test_refill_stops_at_the_round_limit_and_trains_on_what_there_is(tmp_path, random_model_dir):
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=3", "--model.init_args.max_sampling_rounds=2", *THIRD)
+    rows = _train_rows(tmp_path / "run")
+    assert [r["train/sampling_rounds"] for r in rows] == [2.0] * 3
+    assert [r["train/groups_kept"] for r in rows] == [2.0, 1.0, 1.0]  # batches 2-3 and 4-5 hold one group each
+    assert _trained_indices(tmp_path / "run") == [[0, 3], [6], [9]]
+
+
+def test_refill_keeps_the_first_groups_with_spread_when_a_round_brings_more():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0, 0.5, 0.0, 3.0, 1.0])  # groups of 2: settled, 3 spread, ...
+    keep, settled = unsettled_rows(rewards, 2, limit=2)
+    assert keep.tolist() == [2, 3, 6, 7] and settled == 2
+    keep, settled = unsettled_rows(rewards, 2)
+    assert keep.tolist() == [2, 3, 6, 7, 8, 9] and settled == 2
+
+
+def test_concatenated_rounds_pad_prompts_left_and_completions_right():
+    a, _ = _rollout([1.0, 0.0], [True, False])
+    b = RolloutBatch(
+        input_ids=torch.tensor([[5, 6, 7, 8, 9, 10]]),
+        attention_mask=torch.tensor([[1, 1, 1, 1, 1, 0]]),
+        completion_mask=torch.tensor([[True, True]]),
+        rewards=torch.tensor([0.5]),
+        advantages=torch.zeros(1),
+        prompt_len=4,
+        texts=["b"],
+        prompt_index=[1],
+    )
+    both = concat_rollouts([a, b], pad_id=0)
+    assert both.prompt_len == 4 and both.input_ids.shape == (3, 7)
+    assert both.input_ids[0].tolist() == [0, 0, *a.input_ids[0].tolist()]  # prompt of 2 padded to 4 on the left
+    assert both.input_ids[2].tolist() == [5, 6, 7, 8, 9, 10, 0]  # completion of 2 padded to 3 on the right
+    assert both.attention_mask[:, :2].tolist() == [[0, 0], [0, 0], [1, 1]]
+    assert both.completion_mask[2].tolist() == [True, True, False]
+    assert torch.equal(both.completion_ids[:2], a.completion_ids)  # every completion still starts at prompt_len
+    assert both.rewards.tolist() == [1.0, 0.0, 0.5] and both.texts == [*a.texts, "b"]
+    assert concat_rollouts([a], pad_id=0) is a
+    with pytest.raises(ValueError, match="old_logp is set in some parts and not in others"):
+        concat_rollouts([a, dataclasses.replace(b, old_logp=torch.zeros(1, 2))], pad_id=0)
 
 
 # ---- mask_truncated, pi_old from the first pass, token_mean -----------------------------------------------------

@@ -72,7 +72,7 @@ class GenerationsCallback(Callback):
             iteration,
             scored.rows,
             scored.scores,
-            batch["examples"],
+            scored.examples,
             eos_token_ids(module.policy, module.tokenizer),
             hp.group_size,
             hp.log_generations_rows,

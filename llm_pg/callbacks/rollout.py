@@ -11,9 +11,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from llm_pg.core.losses import completion_mask, overlong_penalty, settled_groups
-from llm_pg.core.rollout import RolloutBatch, derive_seed
+from llm_pg.core.rollout import RolloutBatch, concat_rollouts, derive_seed
 from llm_pg.core.variants import clipped_advantages, truncated_rows, unsettled_rows
-from llm_pg.data.tasks.base import Score
+from llm_pg.data.tasks.base import Example, Score, Task
 from llm_pg.engines.vllm import VLLMGeneration
 from llm_pg.models.generation import eos_token_ids
 from llm_pg.runs.guards import scores_or_stop
@@ -22,12 +22,17 @@ from llm_pg.runs.guards import scores_or_stop
 @dataclass
 class ScoredRollout:
     """One iteration's rollout as `training_step` receives it: the rows the update trains on (`rows`, after the
-    rollout-side variants), the task's score of each of them (`scores`, same order) and the rollout's metrics
-    (`metrics`: `train/reward...`, lengths, the variants' counts, `time/rollout`), logged with the update's."""
+    rollout-side variants), the task's score of each of them (`scores`, same order), the rollout's metrics
+    (`metrics`: `train/reward...`, lengths, the variants' counts, `time/rollout`), logged with the update's, the
+    prompts sampled (`examples`, indexed by `rows.prompt_index`; several batches with dynamic sampling's refill) and
+    the last stream batch they came from (`last_batch`: the data module's position is `last_batch + 1` once the
+    iteration is done)."""
 
     rows: RolloutBatch
     scores: list[Score]
     metrics: dict[str, float] = field(default_factory=dict)
+    examples: list[Example] = field(default_factory=list)
+    last_batch: int = 0
 
 
 def with_component(scores: list[Score], name: str, values: list[float]) -> list[Score]:
@@ -35,15 +40,29 @@ def with_component(scores: list[Score], name: str, values: list[float]) -> list[
     return [Score(s.total + v, s.correct, {**s.components, name: v}) for s, v in zip(scores, values, strict=True)]
 
 
+def reduced(trainer: L.Trainer, value: int, op: str) -> int:
+    """`value` reduced over the ranks with `op` (`max` or `min`); itself on one process."""
+    if trainer.world_size == 1:
+        return value
+    return int(trainer.strategy.reduce(torch.tensor(float(value), device=trainer.strategy.root_device), reduce_op=op))
+
+
 class RolloutCallback(Callback):
     """Samples and scores one rollout before each training step and attaches it as `batch["rollout"]`, a
     `ScoredRollout`.
 
-    For the batch's `n` prompts it samples `group_size` completions each with the current policy through the
+    For the `n` prompts of the data stream's next batch (`PromptGroupDataModule.prompt_batch` at its position: the
+    dataloader only paces the loop) it samples `group_size` completions each with the current policy through the
     module's rollout engine (`module.engine`: HF generate in eval mode, no grad, KV cache, or vLLM; seeded from
-    `(seed, iteration, rank)`), scores them with the task,
-    applies the rollout-side variants (`apply_variants`: group filtering, the advantage estimator and its clip,
-    masking of truncated rows), and computes pi_old log-probs (GRPO, unless the first training pass provides
+    `(seed, iteration, rank)`), and scores them with the task. With `filter_zero_std_groups` and
+    `max_sampling_rounds` > 1 (DAPO's dynamic sampling with refill), while fewer than `n` groups have reward spread
+    it samples the stream's following batch too (round `k` seeded from `(seed, iteration, rank, k)`), up to
+    `max_sampling_rounds` batches; the update then keeps the first `n` groups with spread. Under DDP every rank runs
+    as many rounds as the rank that needs the most, and every rank keeps the same number of groups: the fewest any
+    rank has (a rank with more leaves its extra groups out), so the ranks make the same gradient all-reduces.
+
+    Then it applies the rollout-side variants (`apply_variants`: group filtering, the advantage estimator and its
+    clip, masking of truncated rows), and computes pi_old log-probs (GRPO, unless the first training pass provides
     them: `pi_old_from_first_pass`) and pi_ref log-probs (only when `kl_coef > 0`) at `logprob_temperature` (raw
     logits by default, as the course). An engine that reports its own sampled-token log-probs (vLLM) has them kept
     as `sampled_logp`; REINFORCE, which has no pi_old, then gets one no-grad pass of the sampling policy
@@ -53,40 +72,36 @@ class RolloutCallback(Callback):
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: dict, batch_idx: int) -> None:
         start = time.perf_counter()
         hp = module.hparams
-        task = trainer.datamodule.task
-        examples = batch["examples"]
-        sample = module.engine.generate(
-            [task.messages(e) for e in examples],
-            module.sampling(),
-            num_samples=hp.group_size,
-            seed=derive_seed(hp.seed, batch["index"], trainer.global_rank, "sample"),
-        )
-        sampling_seconds = time.perf_counter() - start  # generation alone: `time/tokens_per_s`
-        prompt_index = [i // hp.group_size for i in range(len(sample.texts))]
-        rows = [examples[i] for i in prompt_index]
-        # Finite rewards, or the run stops (naming the row).
-        scores = scores_or_stop(module, task, sample.texts, rows, module.iteration_in_progress)
-        device = sample.completion_ids.device
+        datamodule = trainer.datamodule
         eos = eos_token_ids(module.policy, module.tokenizer)
-        mask = completion_mask(sample.completion_ids, eos)
-        if hp.overlong_buffer > 0:  # DAPO's soft overlong punishment, a reward component of every task
-            lengths = mask.sum(1)  # [N] tokens up to and including EOS
-            penalty = overlong_penalty(lengths, hp.max_new_tokens, hp.overlong_buffer, hp.overlong_penalty)
-            scores = with_component(scores, "overlong", penalty.tolist())
-        rewards = torch.tensor([s.total for s in scores], dtype=torch.float32, device=device)
-        rollout = RolloutBatch(
-            input_ids=torch.cat([sample.prompt_ids, sample.completion_ids], dim=1),
-            attention_mask=torch.cat([sample.prompt_mask, mask.long()], dim=1),
-            completion_mask=mask,
-            rewards=rewards,
-            advantages=torch.zeros_like(rewards),  # set below, on the rows that are kept
-            prompt_len=sample.prompt_ids.shape[1],
-            texts=sample.texts,
-            prompt_index=prompt_index,
-            sampled_logp=sample.sampled_logprobs if isinstance(sample, VLLMGeneration) else None,
-        )
+        first = datamodule.next_batch  # the stream's first unused batch
+        refill = hp.filter_zero_std_groups and hp.max_sampling_rounds > 1
+        parts: list[RolloutBatch] = []
+        scores: list[Score] = []
+        examples: list[Example] = []
+        sampling_seconds, spread = 0.0, 0
+        for round_ in range(1, hp.max_sampling_rounds + 1):
+            drawn = datamodule.prompt_batch(first + round_ - 1)
+            seed = derive_seed(
+                hp.seed, module.iteration, trainer.global_rank, "sample", *([round_] if round_ > 1 else [])
+            )
+            part, part_scores, seconds = sample_round(module, datamodule.task, drawn, seed, eos, len(examples))
+            parts.append(part)
+            scores += part_scores
+            examples += drawn
+            sampling_seconds += seconds
+            spread += int((~settled_groups(part.rewards, hp.group_size)).sum())
+            if not refill or not reduced(trainer, int(spread < hp.prompts_per_step), "max"):
+                break
+        pad = module.tokenizer.pad_token_id if module.tokenizer.pad_token_id is not None else eos[0]
+        rollout = concat_rollouts(parts, pad)
         metrics = rollout_metrics(rollout, scores, hp.group_size, eos, sampling_seconds)
-        rollout, scores, variant_metrics = apply_variants(rollout, scores, hp, eos)
+        kept = reduced(trainer, min(spread, hp.prompts_per_step), "min") if hp.filter_zero_std_groups else None
+        rollout, scores, variant_metrics = apply_variants(rollout, scores, hp, eos, kept)
+        if hp.filter_zero_std_groups:
+            variant_metrics["train/sampling_rounds"] = float(len(parts))
+            variant_metrics["train/prompts_drawn"] = float(len(examples))
+            variant_metrics["train/groups_kept"] = float(kept)
         if len(rollout) and module.needs_pi_old and not module.pi_old_from_first_pass:
             rollout.old_logp = module.old_logprobs(rollout)
         elif len(rollout) and not module.needs_pi_old and rollout.sampled_logp is not None:
@@ -94,7 +109,7 @@ class RolloutCallback(Callback):
         if len(rollout) and hp.kl_coef > 0:
             rollout.ref_logp = module.reference_logprobs(rollout)
         metrics |= variant_metrics | {"time/rollout": time.perf_counter() - start}
-        batch["rollout"] = ScoredRollout(rollout, scores, metrics)
+        batch["rollout"] = ScoredRollout(rollout, scores, metrics, examples, first + len(parts) - 1)
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if module.device.type == "cuda":
@@ -112,17 +127,54 @@ class RolloutCallback(Callback):
         torch.cuda.reset_peak_memory_stats(module.device)
 
 
+def sample_round(
+    module: L.LightningModule, task: Task, examples: list[Example], seed: int, eos: list[int], first_prompt: int
+) -> tuple[RolloutBatch, list[Score], float]:
+    """`group_size` completions of each of `examples`, sampled with `seed` and scored (finite rewards, or the run
+    stops, naming the row; plus the overlong punishment when `overlong_buffer` > 0): the `RolloutBatch` (advantages
+    still 0; prompts numbered from `first_prompt`), the scores, and the seconds the generation alone took."""
+    hp = module.hparams
+    start = time.perf_counter()
+    sample = module.engine.generate(
+        [task.messages(e) for e in examples], module.sampling(), num_samples=hp.group_size, seed=seed
+    )
+    seconds = time.perf_counter() - start
+    local_index = [i // hp.group_size for i in range(len(sample.texts))]
+    scores = scores_or_stop(
+        module, task, sample.texts, [examples[i] for i in local_index], module.iteration_in_progress
+    )
+    mask = completion_mask(sample.completion_ids, eos)
+    if hp.overlong_buffer > 0:  # DAPO's soft overlong punishment, a reward component of every task
+        lengths = mask.sum(1)  # [N] tokens up to and including EOS
+        penalty = overlong_penalty(lengths, hp.max_new_tokens, hp.overlong_buffer, hp.overlong_penalty)
+        scores = with_component(scores, "overlong", penalty.tolist())
+    rewards = torch.tensor([s.total for s in scores], dtype=torch.float32, device=sample.completion_ids.device)
+    rollout = RolloutBatch(
+        input_ids=torch.cat([sample.prompt_ids, sample.completion_ids], dim=1),
+        attention_mask=torch.cat([sample.prompt_mask, mask.long()], dim=1),
+        completion_mask=mask,
+        rewards=rewards,
+        advantages=torch.zeros_like(rewards),  # set by apply_variants, on the rows that are kept
+        prompt_len=sample.prompt_ids.shape[1],
+        texts=sample.texts,
+        prompt_index=[first_prompt + i for i in local_index],
+        sampled_logp=sample.sampled_logprobs if isinstance(sample, VLLMGeneration) else None,
+    )
+    return rollout, scores, seconds
+
+
 def apply_variants(
-    rollout: RolloutBatch, scores: list[Score], hp, eos: list[int]
+    rollout: RolloutBatch, scores: list[Score], hp, eos: list[int], max_groups: int | None = None
 ) -> tuple[RolloutBatch, list[Score], dict[str, float]]:
-    """The rollout-side options, in order: drop settled groups (`filter_zero_std_groups`, DAPO dynamic sampling),
+    """The rollout-side options, in order: drop settled groups (`filter_zero_std_groups`, DAPO dynamic sampling;
+    then keep at most the first `max_groups`),
     compute the advantages of the rows left (`advantage`, then clipped to +-`adv_clip`), and zero the completion
     mask of rows that end without an EOS (`mask_truncated`, DAPO overlong filtering). Returns the rollout, the
     scores of its rows, and metrics: `train/advantage_abs_mean` and the counts of what the options removed (only for
     options that are on)."""
     metrics: dict[str, float] = {}
     if hp.filter_zero_std_groups:
-        keep, settled = unsettled_rows(rollout.rewards, hp.group_size)
+        keep, settled = unsettled_rows(rollout.rewards, hp.group_size, max_groups)
         rollout = rollout.select(keep)
         scores = [scores[i] for i in keep.tolist()]
         metrics["train/filtered_groups"] = float(settled)

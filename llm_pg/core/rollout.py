@@ -108,3 +108,39 @@ class RolloutBatch:
         order = torch.randperm(len(self), generator=generator)
         for start in range(0, len(self), minibatch_size):
             yield self.select(order[start : start + minibatch_size])
+
+
+SEQUENCE_FIELDS = ("input_ids", "attention_mask")  # [N, P+C]
+COMPLETION_FIELDS = ("completion_mask", "old_logp", "ref_logp", "sampled_logp")  # [N, C]
+
+
+def concat_rollouts(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """One batch holding the rows of `parts` in order (dynamic sampling's rounds): prompts left-padded to the widest
+    prompt and completions right-padded to the widest completion (`pad_id` in `input_ids`, 0 or False elsewhere), so
+    every completion still starts at column `prompt_len`. `prompt_index` is kept as given: the caller numbers prompts
+    across parts. A single part is returned as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    prompt = max(p.prompt_len for p in parts)
+    completion = max(p.input_ids.shape[1] - p.prompt_len for p in parts)
+    fields: dict[str, object] = {"prompt_len": prompt}
+    for f in dataclasses.fields(RolloutBatch):
+        if f.name == "prompt_len":
+            continue
+        values = [getattr(p, f.name) for p in parts]
+        if all(v is None for v in values):
+            fields[f.name] = None
+        elif any(v is None for v in values):
+            raise ValueError(f"RolloutBatch.{f.name} is set in some parts and not in others")
+        elif isinstance(values[0], list):
+            fields[f.name] = [x for v in values for x in v]
+        else:
+            padded = []
+            for p, t in zip(parts, values, strict=True):
+                right = completion - (p.input_ids.shape[1] - p.prompt_len)
+                left = prompt - p.prompt_len if f.name in SEQUENCE_FIELDS else 0
+                if f.name in SEQUENCE_FIELDS or f.name in COMPLETION_FIELDS:
+                    t = torch.nn.functional.pad(t, (left, right), value=pad_id if f.name == "input_ids" else 0)
+                padded.append(t)
+            fields[f.name] = torch.cat(padded)
+    return RolloutBatch(**fields)

@@ -1,9 +1,9 @@
 """The rollout-side options of the RL math, as pure functions of a rollout's tensors (docs/algorithms.md, "Variants").
 
-Which groups the update keeps (`unsettled_rows`: DAPO's dynamic sampling without refill), the advantages it trains
-on (`clipped_advantages`: an estimator of `losses.advantages`, then clipped), which rows have no EOS
-(`truncated_rows`: DAPO's overlong filtering masks them), and the truncated importance weight against the sampler
-(`tis_weight`). The rollout callback applies the first three in that order (`llm_pg.callbacks.rollout`); the
+Which groups the update keeps (`unsettled_rows`: DAPO's dynamic sampling; the rollout callback runs its refill
+rounds), the advantages it trains on (`clipped_advantages`: an estimator of `losses.advantages`, then clipped), which
+rows have no EOS (`truncated_rows`: DAPO's overlong filtering masks them), and the truncated importance weight against
+the sampler (`tis_weight`). The rollout callback applies the first three in that order (`llm_pg.callbacks.rollout`); the
 modules' losses take the fourth.
 """
 
@@ -24,11 +24,15 @@ def truncated_rows(completion_ids: Tensor, eos_token_ids: Sequence[int]) -> Tens
     return ~torch.isin(completion_ids, eos).any(1)
 
 
-def unsettled_rows(rewards: Tensor, group_size: int) -> tuple[Tensor, int]:
+def unsettled_rows(rewards: Tensor, group_size: int, limit: int | None = None) -> tuple[Tensor, int]:
     """`(index [M], settled)`: the rows of every group whose rewards are not all equal, whole groups in rollout order
-    (a CPU long tensor, for `RolloutBatch.select`), and the number of settled groups left out."""
+    (a CPU long tensor, for `RolloutBatch.select`), at most the first `limit` such groups (None: all), and the number
+    of settled groups left out."""
     settled = settled_groups(rewards, group_size)  # [N/G]
-    keep = (~settled).repeat_interleave(group_size).nonzero().view(-1).cpu()
+    spread = ~settled
+    if limit is not None:
+        spread &= spread.cumsum(0) <= limit  # the first `limit` groups with spread
+    keep = spread.repeat_interleave(group_size).nonzero().view(-1).cpu()
     return keep, int(settled.sum())
 
 

@@ -62,9 +62,10 @@ class EvalBatches(IterableDataset):
 class PromptGroupDataModule(L.LightningDataModule):
     """Seeded prompt batches of `prompts_per_step` examples for training; `task.eval_examples` for eval.
 
-    Resume: the training module calls `mark_consumed(k)` once it has used batch `k`; `state_dict()` saves
-    the next batch index and `load_state_dict()` restores it, so the next `train_dataloader()` starts there.
-    The counter is not advanced when a batch is yielded, because Lightning fetches a batch ahead.
+    Resume: the training module calls `mark_consumed(k)` once it has used batches up to `k` (one per iteration, or
+    several with dynamic sampling's refill: the position counts every batch drawn); `state_dict()` saves the next
+    batch index and `load_state_dict()` restores it, so the rollout reads on from there. The counter is not advanced
+    when a batch is yielded, because Lightning fetches a batch ahead.
 
     Args:
         task: the task (`class_path` of a `llm_pg.data.tasks` class or your own `Task`, with its `init_args`).
@@ -93,6 +94,12 @@ class PromptGroupDataModule(L.LightningDataModule):
         rank, world_size = rank_and_world_size(self.trainer)
         return PromptStream(self.task, self.seed, self.prompts_per_step, self.next_batch, rank, world_size)
 
+    def prompt_batch(self, position: int) -> list[Example]:
+        """This rank's prompts of stream batch `position`: what the dataloader's batch `position` holds. The rollout
+        reads the stream here, at `next_batch` (and after it, for dynamic sampling's refill rounds); the dataloader's
+        batches only pace the loop."""
+        return self.train_stream().batch(position)["examples"]
+
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_stream(), batch_size=None, num_workers=0, collate_fn=_keep)
 
@@ -106,7 +113,7 @@ class PromptGroupDataModule(L.LightningDataModule):
         return batch
 
     def mark_consumed(self, index: int) -> None:
-        """Record that training used batch `index`; a resumed run continues at `index + 1`."""
+        """Record that training used the batches up to `index`; a resumed run continues at `index + 1`."""
         self.next_batch = index + 1
 
     def state_dict(self) -> dict[str, Any]:

@@ -112,6 +112,11 @@ class PolicyGradientModule(L.LightningModule, ABC):
         advantage: estimator `grpo` (course) | `dr_grpo` | `rloo` | `reinforce_pp`; `adv_clip` applies after it.
         loss_aggregation: `seq_mean_token_mean` (course) | `token_mean` | `seq_mean_token_sum_norm`.
         filter_zero_std_groups: drop groups whose rewards are all equal from the update (DAPO dynamic sampling).
+            Under DDP every rank keeps the fewest groups any rank has (`llm_pg.callbacks.rollout`).
+        max_sampling_rounds: with `filter_zero_std_groups`, DAPO's refill: while fewer than `prompts_per_step` groups
+            have reward spread, sample the data stream's next batch of prompts too, up to this many batches per
+            iteration; the update trains on the first `prompts_per_step` groups with spread (fewer when the rounds
+            run out: `train/groups_kept`). 1: no refill. Logs `train/sampling_rounds` and `train/prompts_drawn`.
         mask_truncated: completions that end without an EOS are left out of the loss (DAPO overlong filtering).
         eval_samples: k > 0 also samples k completions per eval prompt at `eval_temperature` and logs
             `eval/pass_at_1` and `eval/pass_at_k` (0: greedy evaluation only). See docs/algorithms.md, "Variants".
@@ -184,6 +189,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         advantage: Advantage = "grpo",
         loss_aggregation: LossAggregation = "seq_mean_token_mean",
         filter_zero_std_groups: bool = False,
+        max_sampling_rounds: int = 1,
         mask_truncated: bool = False,
         eval_samples: int = 0,
         eval_temperature: float = 1.0,
@@ -326,12 +332,6 @@ class PolicyGradientModule(L.LightningModule, ABC):
         return self._reference[0] if self._reference else None
 
     def on_fit_start(self) -> None:
-        if self.hparams.filter_zero_std_groups and self.trainer.world_size > 1:
-            # Ranks would keep different numbers of rows, hence make different numbers of gradient all-reduces.
-            raise ValueError(
-                "model.filter_zero_std_groups=true is not supported under DDP (trainer.devices > 1) yet; "
-                "set it to false or train on one device"
-            )
         if self.reference is not None:
             self.reference.to(self.device)
 
@@ -418,7 +418,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         scheduler.step()
         self.iteration += 1
         self._check_divergence(grad_norms, metrics.get("train/loss", 0.0), metrics["train/lr"])
-        self.trainer.datamodule.mark_consumed(batch["index"])
+        self.trainer.datamodule.mark_consumed(scored.last_batch)
         if self.iteration >= hp.iterations:
             self.trainer.should_stop = True
         distributed = self.trainer.world_size > 1

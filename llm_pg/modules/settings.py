@@ -144,6 +144,19 @@ def check_variant_settings(hp: dict[str, Any]) -> None:
         "loss_aggregation", hp["loss_aggregation"], LOSS_AGGREGATIONS, "seq_mean_token_mean is the course's reduction"
     )
     _flag("filter_zero_std_groups", hp["filter_zero_std_groups"])
+    rounds = hp["max_sampling_rounds"]
+    if not (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1):
+        _fail(
+            "max_sampling_rounds",
+            "an integer >= 1",
+            rounds,
+            "prompt batches sampled per iteration at most; 1: no refill",
+        )
+    if rounds > 1 and not hp["filter_zero_std_groups"]:
+        raise ValueError(
+            f"model.max_sampling_rounds={rounds} refills the groups that filter_zero_std_groups drops, but "
+            "filter_zero_std_groups is false: set model.filter_zero_std_groups: true, or max_sampling_rounds: 1"
+        )
     _flag("mask_truncated", hp["mask_truncated"])
     _flag("share_prompt_prefix", hp["share_prompt_prefix"])
     _flag("group_by_length", hp["group_by_length"])
