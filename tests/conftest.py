@@ -111,6 +111,15 @@ def fit(tmp_path: Path, model_dir: str, *overrides: str, config: str = "configs/
 from llm_pg.data.tasks.base import Example, Score, Task  # noqa: E402
 
 
+def stand_in_trainer(task: Task, examples: list[Example]):
+    """A trainer for calling `RolloutCallback.on_train_batch_start` directly: one process, and a data stream whose
+    next batch (position 0) is `examples`."""
+    from types import SimpleNamespace
+
+    stream = SimpleNamespace(task=task, next_batch=0, prompt_batch=lambda position: examples)
+    return SimpleNamespace(datamodule=stream, global_rank=0, world_size=1)
+
+
 class DigitTask(Task):
     """A test task a random model earns varied rewards on: the share of digit characters in the completion."""
 

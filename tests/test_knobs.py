@@ -1,8 +1,13 @@
 """Issue 29's options, each against its published formula in float64, at its default bit for bit the old path, and
-in a 2-iteration run: the learning-rate decay, the entropy bonus, CISPO, and DAPO's soft overlong punishment."""
+in a 2-iteration run: the learning-rate decay, the entropy bonus, CISPO, DAPO's soft overlong punishment, the four
+importance corrections against the sampler and the off-policy sequence mask (dynamic sampling's refill is in
+tests/test_variants.py and tests/test_ddp.py; the sequence-level corrections' run, which needs vLLM, in
+tests/test_vllm.py)."""
 
 import csv
+import inspect
 import math
+import textwrap
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -12,7 +17,15 @@ from conftest import fit
 from safetensors.torch import load_file
 
 from llm_pg.core.chunked_logprobs import chunked_target_logprobs
-from llm_pg.core.losses import cispo_loss, differentiable_entropy, entropy_bonus, grpo_loss, overlong_penalty
+from llm_pg.core.losses import (
+    cispo_loss,
+    differentiable_entropy,
+    entropy_bonus,
+    grpo_loss,
+    off_policy_keep,
+    overlong_penalty,
+    sampler_is_weight,
+)
 from llm_pg.core.schedule import lr_factor
 from llm_pg.modules import GRPOModule, ReinforceModule
 from llm_pg.runs.config import config_changes
@@ -217,8 +230,11 @@ def test_the_default_policy_loss_is_grpos_clipped_surrogate(tmp_path, random_mod
     assert rows["cispo"][0]["train/policy_loss"] != rows["clip"][0]["train/policy_loss"]
 
 
-def _trl_loss(loss_type, logp, old, mask, advantages, ref, beta, epsilon_high, entropy=None, entropy_coef=0.0):
-    """TRL 1.16's GRPOTrainer._compute_loss on these tensors: the trainer's attributes it reads, on a namespace."""
+def _trl_loss(
+    loss_type, logp, old, mask, advantages, ref, beta, epsilon_high, entropy=None, entropy_coef=0.0, **changes
+):
+    """TRL 1.16's GRPOTrainer._compute_loss on these tensors: the trainer's attributes it reads, on a namespace
+    (`changes`: other attribute values; `inputs_<key>` ones go into the inputs)."""
     trl = pytest.importorskip("trl", minversion="1.16")
     accelerator = SimpleNamespace(
         num_processes=1,
@@ -238,12 +254,16 @@ def _trl_loss(loss_type, logp, old, mask, advantages, ref, beta, epsilon_high, e
         _entropy_bonus_enabled=entropy is not None, entropy_coef=entropy_coef, use_adaptive_entropy=False,
         _metrics={"train": defaultdict(list)},
     )  # fmt: skip
+    for name, value in changes.items():
+        if not name.startswith("inputs_"):
+            setattr(trainer, name, value)
     inputs = {
         "prompt_ids": torch.zeros(4, 1, dtype=torch.long), "prompt_mask": torch.ones(4, 1, dtype=torch.long),
         "completion_ids": torch.zeros(4, 5, dtype=torch.long), "completion_mask": mask.long(),
         "advantages": advantages, "old_per_token_logps": old, "ref_per_token_logps": ref,
         "num_items_in_batch": mask.sum().float(),
     }  # fmt: skip
+    inputs |= {name.removeprefix("inputs_"): value for name, value in changes.items() if name.startswith("inputs_")}
     return trl.GRPOTrainer._compute_loss(trainer, None, inputs)
 
 
@@ -256,6 +276,172 @@ def test_cispo_and_the_entropy_bonus_equal_trl_on_the_same_tensors():
     with_bonus = ours - entropy_bonus(entropy, mask, 0.01, "token_mean")
     theirs = _trl_loss("cispo", logp, old, mask, advantages, ref, 0.04, 1.28, entropy=entropy, entropy_coef=0.01)
     assert with_bonus.item() == pytest.approx(theirs.item(), abs=1e-12)
+
+
+# ---- importance correction against the sampler, off-policy sequence masking -------------------------------------
+
+MODES = ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+
+
+def _sampler_tensors():
+    """pi_old and a sampler that differs from it by up to ~1.5 nats a token, so every mode's bounds bind somewhere."""
+    logp, old, mask, advantages, ref = _tensors()
+    torch.manual_seed(5)
+    sampler = old + torch.randn(4, 5, dtype=torch.float64) * 0.6
+    return logp, old, sampler, mask, advantages, ref
+
+
+def _reference_weight(old, sampler, mask, mode, high, low):
+    """The weight of each token by the definition, one float at a time (math.exp of sums, the bounds compared)."""
+    rows, width = old.shape
+    out = torch.zeros(rows, width, dtype=torch.float64)
+    for i in range(rows):
+        tokens = [t for t in range(width) if mask[i, t]]
+        diffs = {t: float(old[i, t] - sampler[i, t]) for t in tokens}
+        for t in range(width):
+            w = math.exp(sum(diffs.values())) if mode.startswith("sequence") else math.exp(diffs.get(t, 0.0))
+            inside = w <= high and (low is None or w >= low)
+            if mode.endswith("truncate"):
+                w = min(max(w, low if low is not None else w), high)
+            elif not inside:
+                w = 0.0
+            out[i, t] = w
+    return out
+
+
+@pytest.mark.parametrize("low", [None, 0.6])
+@pytest.mark.parametrize("mode", MODES)
+def test_each_importance_mode_is_its_definition_in_float64(mode, low):
+    _, old, sampler, mask, _, _ = _sampler_tensors()
+    weight = sampler_is_weight(old, sampler, mask, mode, high=1.3, low=low)
+    assert weight.shape == ((4, 1) if mode.startswith("sequence") else (4, 5))
+    reference = _reference_weight(old, sampler, mask, mode, 1.3, low)
+    torch.testing.assert_close(weight.expand(4, 5)[mask], reference[mask], rtol=1e-12, atol=0)
+    bound = (weight == 1.3) | (weight == 0) | ((weight == 0.6) if low else torch.zeros_like(weight, dtype=torch.bool))
+    assert bound.any() and not bound.all()  # the bounds bind on some tokens or rows, not on all: the check has teeth
+
+
+def _trl_is_ratio(mode, old, sampler, mask, clip_max, clip_min):
+    """TRL 1.16's importance weight, computed inline in `GRPOTrainer._generate_and_score_completions`: that block of
+    TRL's own source, run on these tensors (no copy of it here; the test fails if TRL moves or changes it)."""
+    trl = pytest.importorskip("trl", minversion="1.16")
+    source = textwrap.dedent(inspect.getsource(trl.GRPOTrainer._generate_and_score_completions))
+    lines = source.splitlines()
+    start = next(i for i, line in enumerate(lines) if "per_token_logps_diff = (old_per_token_logps" in line) - 1
+    end = next(i for i, line in enumerate(lines) if "Compute the per-token log probabilities for the reference" in line)
+    block = textwrap.dedent("\n".join(lines[start:end]))
+    trainer = SimpleNamespace(
+        vllm_importance_sampling_mode=mode,
+        vllm_importance_sampling_clip_max=clip_max,
+        vllm_importance_sampling_clip_min=clip_min,
+    )
+    scope = {"self": trainer, "completion_mask": mask.to(old.dtype), "tool_mask": None, "torch": torch, "math": math}
+    scope |= {"old_per_token_logps": old, "sampling_per_token_logps": sampler}
+    exec(block, scope)  # TRL's own code, from the installed package
+    return scope["vllm_importance_sampling_ratio"]
+
+
+@pytest.mark.parametrize("low", [None, 0.6])
+@pytest.mark.parametrize("mode", MODES)
+def test_each_importance_mode_and_its_loss_equal_trl_on_the_same_tensors(mode, low):
+    logp, old, sampler, mask, advantages, ref = _sampler_tensors()
+    ours = sampler_is_weight(old, sampler, mask, mode, high=1.3, low=low)
+    theirs = _trl_is_ratio(mode, old, sampler, mask, clip_max=1.3, clip_min=low)
+    trl = pytest.importorskip("trl")
+    torch.testing.assert_close(ours.expand(4, 5)[mask], theirs.expand(4, 5)[mask], rtol=1e-12, atol=0)
+    # The loss: TRL multiplies its per-token loss by the weight (and the off-policy mask) before adding the KL term.
+    keep = off_policy_keep(advantages, logp, sampler, mask, threshold=0.1)
+    loss, _ = grpo_loss(
+        logp, old, mask, advantages, ref, 0.2, 0.04, aggregation="token_mean", clip_eps_high=0.28, is_weight=ours * keep
+    )
+    trl_loss = _trl_loss(
+        "dapo", logp, old, mask, advantages, ref, beta=0.04, epsilon_high=0.28, use_vllm=True,
+        vllm_importance_sampling_correction=True, off_policy_mask_threshold=0.1,
+        get_off_policy_mask=trl.GRPOTrainer.get_off_policy_mask, inputs_importance_sampling_ratio=theirs,
+        inputs_sampling_per_token_logps=sampler,
+    )  # fmt: skip
+    assert loss.item() == pytest.approx(trl_loss.item(), abs=1e-12)
+
+
+def test_off_policy_mask_is_deepseeks_rule_and_equals_trls():
+    logp, _, sampler, mask, advantages, _ = _sampler_tensors()
+    gap = [float((sampler[i] - logp[i].detach())[mask[i]].mean()) for i in range(4)]  # mean log pi_sampler / pi_theta
+    for threshold in (-1.0, 0.0, 0.3, 10.0):
+        keep = off_policy_keep(advantages, logp, sampler, mask, threshold)
+        expected = [0.0 if advantages[i] < 0 and gap[i] > threshold else 1.0 for i in range(4)]
+        assert keep.view(-1).tolist() == expected
+        trl = pytest.importorskip("trl", minversion="1.16")
+        theirs = trl.GRPOTrainer.get_off_policy_mask(advantages[:, None], logp, sampler, mask.double(), threshold)
+        assert theirs.view(-1).tolist() == expected
+    assert off_policy_keep(advantages, logp, sampler, mask, -1.0).view(-1).tolist() == [1.0, 0.0, 1.0, 0.0]  # A < 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"sampler_is_mode": "sequence_mask"}, "model.sampler_is_mode='sequence_mask' corrects for a rollout engine"),
+        ({"sampler_is_mode": "token_mask", "tis_cap": 2.0}, "model.tis_cap=2.0 is the shorthand of sampler_is_mode"),
+        (
+            {"sampler_is_min": 0.5},
+            "model.sampler_is_min / sampler_is_max bound the weight of sampler_is_mode, which is null",
+        ),
+        ({"sampler_is_mode": "token_mask", "sampler_is_max": 0.9}, "model.sampler_is_max must be >= 1, got 0.9; "),
+        ({"sampler_is_mode": "token_mask", "sampler_is_min": 0.0}, "model.sampler_is_min must be in (0, 1] or null"),
+        ({"sampler_is_mode": "tokens"}, "model.sampler_is_mode must be one of token_truncate, token_mask, "),
+        ({"off_policy_mask_threshold": -0.1}, "model.off_policy_mask_threshold must be >= 0, got -0.1; "),
+    ],
+)
+def test_bad_correction_settings_are_one_line_errors(settings, message):
+    with pytest.raises(ValueError) as error:
+        GRPOModule(model_name_or_path="tiny", **settings)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_reinforce_on_its_own_samples_refuses_the_off_policy_mask():
+    with pytest.raises(
+        ValueError, match=r"^model\.off_policy_mask_threshold is set, but REINFORCE with rollout_engine"
+    ):
+        ReinforceModule(model_name_or_path="tiny", off_policy_mask_threshold=0.5)
+    assert GRPOModule(model_name_or_path="tiny", off_policy_mask_threshold=0.5).sampler_correction is None
+
+
+def test_the_defaults_weigh_nothing_and_tis_cap_is_token_truncate():
+    module = GRPOModule(model_name_or_path="tiny")
+    _, old, sampler, mask, advantages, _ = _sampler_tensors()
+    rollout = SimpleNamespace(old_logp=old, sampled_logp=sampler, completion_mask=mask, advantages=advantages)
+    assert module.policy_weight(old, rollout) == (None, {})  # the losses' is_weight=None: the course's path
+    capped = GRPOModule(model_name_or_path="tiny", tis_cap=1.5)
+    weight, _ = capped.policy_weight(old, rollout)
+    assert torch.equal(weight, sampler_is_weight(old, sampler, mask, "token_truncate", 1.5))
+
+
+def test_hf_runs_with_a_token_mode_or_a_lax_off_policy_mask_equal_a_plain_run_bitwise(tmp_path, random_model_dir):
+    # With HF the sampler is pi_old: every token weight is exactly 1, and a mask threshold no sequence reaches keeps
+    # every row, so both runs end bit for bit where the plain run does, and log their figures.
+    common = ["--model.init_args.iterations=2", *VARIED]
+    runs = {
+        "plain": [],
+        "mask": ["--model.init_args.sampler_is_mode=token_mask", "--model.init_args.sampler_is_min=0.5"],
+        "lax": ["--model.init_args.off_policy_mask_threshold=100"],
+    }
+    weights, rows = {}, {}
+    for name, extra in runs.items():
+        fit(tmp_path / name, random_model_dir, *common, *extra)
+        weights[name] = load_file(tmp_path / name / "run" / "final" / "model.safetensors")
+        rows[name] = _train_rows(tmp_path / name / "run")
+    for name in ("mask", "lax"):
+        assert all(torch.equal(weights["plain"][k], weights[name][k]) for k in weights["plain"]), name
+    assert [(r["rollout/tis_weight_mean"], r["rollout/tis_masked_frac"]) for r in rows["mask"]] == [(1.0, 0.0)] * 2
+    assert [r["train/off_policy_masked_frac"] for r in rows["lax"]] == [0.0, 0.0]
+
+
+def test_a_tight_off_policy_mask_drops_rows_in_the_second_epoch(tmp_path, random_model_dir):
+    # GRPO with HF: pi_sampler = pi_old. The first epoch is on-policy (gap 0: nothing dropped); in the second the
+    # policy has moved, and negative-advantage rows it now likes less than pi_old did (gap > 0) leave the policy term.
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", "--model.init_args.off_policy_mask_threshold=0",
+        "--model.init_args.lr=3e-3", *VARIED)  # fmt: skip
+    rows = _train_rows(tmp_path / "run")
+    assert all(0 < r["train/off_policy_masked_frac"] < 0.5 for r in rows), rows  # a mean over both epochs
 
 
 # ---- overlong punishment ---------------------------------------------------------------------------------------

@@ -1,10 +1,8 @@
 """Sequence log-probs of a left-padded rollout equal those of each row scored alone, unpadded."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
-from conftest import DigitTask
+from conftest import DigitTask, stand_in_trainer
 
 from llm_pg.callbacks.rollout import RolloutCallback
 from llm_pg.data.tasks.base import Example
@@ -28,9 +26,8 @@ def alone_logprobs(model, rollout, row: int, temperature: float) -> torch.Tensor
 
 def sample_rollout(module, examples) -> dict:
     """One rollout through the real RolloutCallback, with a stand-in trainer."""
-    trainer = SimpleNamespace(datamodule=SimpleNamespace(task=DigitTask(eval_size=2)), global_rank=0)
     batch = {"index": 0, "examples": examples}
-    RolloutCallback().on_train_batch_start(trainer, module, batch, 0)
+    RolloutCallback().on_train_batch_start(stand_in_trainer(DigitTask(eval_size=2), examples), module, batch, 0)
     return batch
 
 

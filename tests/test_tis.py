@@ -12,15 +12,23 @@ import pytest
 import torch
 from conftest import fit
 
-from llm_pg.core.losses import grpo_loss, reinforce_loss, truncated_is_weight
+from llm_pg.core.losses import grpo_loss, reinforce_loss, sampler_is_weight
 from llm_pg.core.rollout import RolloutBatch
-from llm_pg.core.variants import tis_weight
+from llm_pg.core.variants import SamplerCorrection, sampler_weight
 from llm_pg.engines.health import MismatchTrend, SamplerHealth, logprob_mismatch, tis_metrics
 from llm_pg.modules import GRPOModule
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5, -0.7]])  # pi_old of four sampled tokens
 SAMPLER = torch.tensor([[-1.5, -1.0, -0.5, -0.6]])  # the engine's log-probs of the same tokens
 MASK = torch.tensor([[True, True, True, False]])  # the fourth token is padding
+
+
+def truncated_is_weight(old, sampler, cap):
+    return sampler_is_weight(old, sampler, torch.ones_like(old, dtype=torch.bool), "token_truncate", cap)
+
+
+def tis_weight(rollout, cap):
+    return sampler_weight(rollout, None if cap is None else SamplerCorrection("token_truncate", cap))
 
 
 def test_weight_is_the_ratio_to_the_sampler_truncated_at_the_cap():
@@ -36,7 +44,7 @@ def test_grpo_loss_weights_each_tokens_surrogate_and_its_gradient():
     advantage = torch.tensor([1.3])
     logp = OLD.clone().requires_grad_(True)  # rho = 1 on every token: nothing clipped
     weight = truncated_is_weight(OLD, SAMPLER, cap=1.3)
-    loss, stats = grpo_loss(logp, OLD, MASK, advantage, tis_weight=weight)
+    loss, stats = grpo_loss(logp, OLD, MASK, advantage, is_weight=weight)
     # seqmean over the 3 real tokens of w_t * rho_t * A: -(1.3 + 0.36788 + 1.0) * 1.3 / 3
     assert loss.item() == pytest.approx(-(1.3 + 0.36788 + 1.0) * 1.3 / 3, abs=1e-5)
     loss.backward()
@@ -50,7 +58,7 @@ def test_grpo_weight_multiplies_the_clipped_surrogate():
     advantage = torch.tensor([1.3])
     logp = OLD + torch.tensor([[0.5, 0.0, 0.0, 0.0]])  # rho_0 = e^0.5 = 1.6487 > 1.2: clipped at 1.2 for A > 0
     weight = torch.tensor([[0.5, 1.0, 2.0, 7.0]])
-    loss, _ = grpo_loss(logp, OLD, MASK, advantage, tis_weight=weight)
+    loss, _ = grpo_loss(logp, OLD, MASK, advantage, is_weight=weight)
     assert loss.item() == pytest.approx(-(0.5 * 1.2 + 1.0 + 2.0) * 1.3 / 3, abs=1e-6)
 
 
@@ -59,7 +67,7 @@ def test_reinforce_loss_weights_the_policy_term_not_the_kl_term():
     ref = OLD - 0.2  # approx_kl = e^-0.2 + 0.2 - 1 = 0.0187308 per token
     weight = truncated_is_weight(OLD, SAMPLER, cap=1.3)
     logp = OLD.clone().requires_grad_(True)
-    loss, stats = reinforce_loss(logp, MASK, advantage, ref_logp=ref, kl_coef=0.1, tis_weight=weight)
+    loss, stats = reinforce_loss(logp, MASK, advantage, ref_logp=ref, kl_coef=0.1, is_weight=weight)
     policy = -1.3 * (1.3 * -1.0 + 0.36788 * -2.0 + 1.0 * -0.5) / 3  # -A * seqmean(w * logp)
     kl = math.exp(-0.2) + 0.2 - 1
     assert stats["kl"].item() == pytest.approx(kl, abs=1e-6)
@@ -72,7 +80,7 @@ def test_no_weight_and_unit_weights_give_the_courses_loss():
     advantage = torch.tensor([1.3])
     logp = OLD + 0.1
     plain, _ = grpo_loss(logp, OLD, MASK, advantage, ref_logp=OLD - 0.2, kl_coef=0.05)
-    ones, _ = grpo_loss(logp, OLD, MASK, advantage, ref_logp=OLD - 0.2, kl_coef=0.05, tis_weight=torch.ones_like(OLD))
+    ones, _ = grpo_loss(logp, OLD, MASK, advantage, ref_logp=OLD - 0.2, kl_coef=0.05, is_weight=torch.ones_like(OLD))
     assert torch.equal(plain, ones)
 
 
@@ -92,13 +100,14 @@ def _rollout(old_logp, sampled_logp, mask) -> RolloutBatch:
 
 def test_tis_figures_and_the_hf_case():
     rollout = _rollout(OLD, SAMPLER, MASK)
-    metrics = tis_metrics(rollout, cap=1.3)
+    metrics = tis_metrics(rollout, SamplerCorrection("token_truncate", 1.3))
     assert metrics["rollout/tis_weight_mean"] == pytest.approx((1.3 + 0.36788 + 1.0) / 3, abs=1e-5)
     assert metrics["rollout/tis_clipped_frac"] == pytest.approx(1 / 3)  # only the first token exceeds the cap
-    assert tis_metrics(rollout, cap=None) == {} and tis_weight(rollout, None) is None
+    assert tis_metrics(rollout, None) == {} and tis_weight(rollout, None) is None
     hf = _rollout(OLD, None, MASK)  # no engine log-probs: the sampler is pi_old, every weight exactly 1
     assert torch.equal(tis_weight(hf, 2.0), torch.ones_like(OLD))
-    assert tis_metrics(hf, 2.0) == {"rollout/tis_weight_mean": 1.0, "rollout/tis_clipped_frac": 0.0}
+    unit = {"rollout/tis_weight_mean": 1.0, "rollout/tis_clipped_frac": 0.0}
+    assert tis_metrics(hf, SamplerCorrection("token_truncate", 2.0)) == unit
     assert tis_weight(_rollout(None, None, MASK), 2.0) is None  # REINFORCE with HF: no pi_old, no weight
 
 
@@ -131,7 +140,7 @@ def test_trend_warns_on_a_steady_rise_only():
 
 def test_sampler_health_warns_through_the_callback():
     warnings = []
-    health = SamplerHealth(tis_cap=None, warn=warnings.append)
+    health = SamplerHealth(correction=None, warn=warnings.append)
     health.trend = MismatchTrend(window=4, factor=2.0, floor=1e-3)
     for scale in (0.01, 0.01, 0.05, 0.05):
         metrics = health(_rollout(OLD, OLD - scale, MASK))

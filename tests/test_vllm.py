@@ -11,20 +11,19 @@ import copy
 import csv
 import json
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run `make test-vllm`")
 
-from conftest import ROOT, fit, make_random_llama
+from conftest import ROOT, fit, make_random_llama, stand_in_trainer
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from llm_pg.callbacks.rollout import RolloutCallback
 from llm_pg.cli.fit import run_cli
 from llm_pg.core.losses import completion_mask, token_logprobs
-from llm_pg.core.variants import tis_weight
+from llm_pg.core.variants import SamplerCorrection, sampler_weight
 from llm_pg.data.tasks import Example, FormatCopyTask
 from llm_pg.engines import HFEngine, logprob_mismatch, tis_metrics
 from llm_pg.engines.vllm import VLLMEngine, VLLMGeneration, policy_weights, vllm_logprobs_mode
@@ -269,9 +268,8 @@ def test_lora_run_pushes_merged_weights_every_iteration(tmp_path, random_dir):
 
 
 def _rollout(module, task, examples):
-    trainer = SimpleNamespace(datamodule=SimpleNamespace(task=task), global_rank=0)
     batch = {"index": 0, "examples": examples}
-    RolloutCallback().on_train_batch_start(trainer, module, batch, 0)
+    RolloutCallback().on_train_batch_start(stand_in_trainer(task, examples), module, batch, 0)
     return batch["rollout"].rows
 
 
@@ -380,7 +378,8 @@ def test_stale_sampler_moves_the_tis_weights_and_the_cap_binds():
     )
     module.configure_model()
     fresh = _rollout(module, task, examples)  # the engine got the policy's weights: every weight ~1
-    fresh_metrics = tis_metrics(fresh, 2.0)
+    tis = SamplerCorrection("token_truncate", 2.0)
+    fresh_metrics = tis_metrics(fresh, tis)
     assert abs(fresh_metrics["rollout/tis_weight_mean"] - 1) < 1e-4 and fresh_metrics["rollout/tis_clipped_frac"] == 0
     clean = {name: param.detach().clone() for name, param in module.policy.named_parameters()}
     generator = torch.Generator().manual_seed(0)
@@ -391,10 +390,42 @@ def test_stale_sampler_moves_the_tis_weights_and_the_cap_binds():
         for name, param in module.policy.named_parameters():
             param.copy_(clean[name])
     stale = _rollout(module, task, examples)
-    weight = tis_weight(stale, 2.0)  # [N, C]
+    weight = sampler_weight(stale, tis)  # [N, C]
     expected = torch.exp(stale.old_logp - stale.sampled_logp).clamp(max=2.0)  # by hand: exp, then truncate
     torch.testing.assert_close(weight[stale.completion_mask], expected[stale.completion_mask], rtol=1e-5, atol=0)
-    metrics = tis_metrics(stale, 2.0)
+    metrics = tis_metrics(stale, tis)
     assert abs(metrics["rollout/tis_weight_mean"] - 1) > 0.05 and metrics["rollout/tis_clipped_frac"] > 0  # 0.80, 0.018
     assert weight[stale.completion_mask].max().item() == pytest.approx(2.0)
     assert logprob_mismatch(stale)["rollout/logprob_mismatch_mean"] > 0.05  # the staleness the weights correct
+    # The other three modes on the same stale rollout, by hand: a sequence's weight is the product of its tokens'.
+    diff = (stale.old_logp - stale.sampled_logp) * stale.completion_mask  # [N, C]
+    ratios = {"token": torch.exp(diff), "sequence": torch.exp(diff.sum(-1, keepdim=True))}
+    for mode in ("token_mask", "sequence_truncate", "sequence_mask"):
+        level, kind = mode.split("_")
+        weight = sampler_weight(stale, SamplerCorrection(mode, 2.0, 0.5))
+        ratio = ratios[level]
+        expected = ratio.clamp(0.5, 2.0) if kind == "truncate" else ratio * ((ratio >= 0.5) & (ratio <= 2.0))
+        torch.testing.assert_close(weight.expand_as(diff), expected.expand_as(diff), rtol=1e-6, atol=0)
+        metrics = tis_metrics(stale, SamplerCorrection(mode, 2.0, 0.5))
+        outside = metrics[f"rollout/tis_{'clipped' if kind == 'truncate' else 'masked'}_frac"]
+        # Per token the bounds bind on some; a product over a whole completion this stale leaves them on every row.
+        assert (0 < outside < 1) if level == "token" else outside == 1, (mode, metrics)
+
+
+def test_runs_with_sequence_level_corrections_and_the_off_policy_mask(tmp_path, random_dir):
+    """Two iterations each of GRPO with vLLM and a sequence-level correction (truncated, masked), the second with
+    the off-policy mask too: they train and log their figures (the weights' arithmetic is checked above)."""
+    common = ["--model.init_args.iterations=2", "--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
+    runs = {
+        "truncate": ["--model.init_args.sampler_is_mode=sequence_truncate"],
+        "mask": ["--model.init_args.sampler_is_mode=sequence_mask", "--model.init_args.sampler_is_min=0.5",
+                 "--model.init_args.off_policy_mask_threshold=0.5"],
+    }  # fmt: skip
+    for name, extra in runs.items():
+        module = fit(tmp_path / name, random_dir, *common, *extra, *VLLM).model
+        assert module.iteration == 2 and module.optimizer_steps > 0
+        rows = [r for r in _metrics(tmp_path / name / "run") if "train/loss" in r]
+        kind = "clipped" if name == "truncate" else "masked"
+        # vLLM holds the trainer's weights: every sequence weight is 1 to float32 rounding, none out of bounds.
+        assert all(abs(r["rollout/tis_weight_mean"] - 1) < 1e-3 and r[f"rollout/tis_{kind}_frac"] == 0 for r in rows)
+    assert all("train/off_policy_masked_frac" in r for r in rows)

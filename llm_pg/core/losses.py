@@ -7,7 +7,6 @@ the losses in completion space `[B, C]`. See docs/algorithms.md for the derivati
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Literal, get_args
 
@@ -98,6 +97,9 @@ ADVANTAGE_ESTIMATORS = get_args(Advantage)
 LOSS_AGGREGATIONS = get_args(LossAggregation)
 RATIO_LEVELS = get_args(RatioLevel)
 POLICY_LOSSES = get_args(PolicyLoss)
+# Importance correction against the rollout engine's sampler, named as TRL's `vllm_importance_sampling_mode`
+SamplerIsMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+SAMPLER_IS_MODES = get_args(SamplerIsMode)
 SETTLED_RTOL = 1e-6  # rewards closer than this (relative to max(1, |r|)) are "equal": float noise, not signal
 
 
@@ -286,13 +288,40 @@ def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer: int, penalty:
     return (-exceed / buffer * penalty).clamp(max=0.0).to(torch.float32)
 
 
-def truncated_is_weight(old_logp: Tensor, sampler_logp: Tensor, cap: float) -> Tensor:
-    """Truncated importance sampling against the rollout engine (TIS; Yao et al., 2025, "Your efficient RL framework
-    secretly brings you off-policy RL training"): `w_t = min(exp(old_logp_t - sampler_logp_t), cap)`, `[B, C]`, no
-    grad. `sampler_logp` is the engine's own log-prob of the token it sampled, `old_logp` the trainer's pi_old of it:
-    the weight corrects the policy-gradient term for tokens the sampler drew more or less often than pi_old would.
-    Computed as `exp(min(d, log cap))`, which cannot overflow."""
-    return torch.exp((old_logp - sampler_logp).clamp(max=math.log(cap))).detach()
+def sampler_is_weight(
+    old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, mode: str, high: float, low: float | None = None
+) -> Tensor:
+    """Importance weights of pi_old against the rollout engine's sampler, no grad, in one of four modes (TRL 1.16's
+    `vllm_importance_sampling_mode`; verl's rollout-correction presets): with `d_t = log pi_old(y_t) - log
+    pi_sampler(y_t)` on completion tokens (0 elsewhere),
+
+        token_*:    w_t = exp(d_t)                       `[B, C]`, one weight per token
+        sequence_*: w   = exp(sum_t d_t), the product    `[B, 1]`, one weight per completion
+        *_truncate: w clamped to `[low, high]` (TIS, Yao et al., 2025; `low` None: no lower bound)
+        *_mask:     w where `low <= w <= high`, else 0 (MIS: the token or sequence leaves the policy term)
+
+    `sampler_logp` is the engine's own log-prob of each token it sampled, `old_logp` the trainer's pi_old of it.
+    A sequence's product may overflow to inf: truncation then gives `high` and masking 0, never inf or NaN."""
+    diff = (old_logp - sampler_logp) * mask  # [B, C]: 0 on padding
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)  # [B, 1]
+    weight = torch.exp(diff).detach()
+    if mode.endswith("truncate"):
+        return weight.clamp(min=low, max=high)
+    outside = weight > high
+    if low is not None:
+        outside |= weight < low
+    return weight.masked_fill(outside, 0.0)
+
+
+def off_policy_keep(advantages: Tensor, logp: Tensor, sampler_logp: Tensor, mask: Tensor, threshold: float) -> Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (TRL's `off_policy_mask_threshold`): `[B, 1]`, 0 for a completion
+    whose advantage is negative and whose mean per-token `log pi_sampler - log pi_theta` (pi_theta detached) exceeds
+    `threshold`, else 1. Such a sequence was sampled by a policy that liked it much more than the current one does,
+    and pushing it further down mostly adds variance."""
+    gap = masked_mean(sampler_logp - logp.detach(), mask, dim=1)  # [B]
+    drop = (advantages < 0) & (gap > threshold)
+    return (~drop).to(logp.dtype).unsqueeze(1)
 
 
 def reinforce_loss(
@@ -305,7 +334,7 @@ def reinforce_loss(
     max_new_tokens: int | None = None,
     num_tokens: float | Tensor | None = None,
     split_tokens: Tensor | None = None,
-    tis_weight: Tensor | None = None,
+    is_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GR-REINFORCE: `loss = -aggregate(A_i * logp_it) + kl_coef * tokmean(approx_kl)`.
 
@@ -319,15 +348,16 @@ def reinforce_loss(
         ref_logp: `[B, C]` log pi_ref, or None for no KL term.
         aggregation, max_new_tokens, num_tokens: see `aggregate`.
         split_tokens: `[B]`, see `token_mean_share` (None: this micro-batch's token means).
-        tis_weight: `[B, C]` truncated importance weights (`truncated_is_weight`), multiplying each token's
-            policy-gradient term, `A_i * w_it * logp_it`; the KL term is not weighted. None: weight 1 (the course).
+        is_weight: `[B, C]` or `[B, 1]` weights (`sampler_is_weight`, times `off_policy_keep`), multiplying each
+            token's policy-gradient term, `A_i * w_it * logp_it`; the KL term is not weighted. None: weight 1 (the
+            course).
 
     Returns:
         The scalar loss and detached stats `policy_loss`, `kl`.
     """
     kl_logp = logp
-    if tis_weight is not None:
-        logp = tis_weight * logp
+    if is_weight is not None:
+        logp = is_weight * logp
     if aggregation == "seq_mean_token_mean":  # the same value, in the course's order of operations
         policy_loss = -(advantages * masked_mean(logp, mask, dim=1)).mean()
     else:
@@ -361,7 +391,7 @@ def grpo_loss(
     max_new_tokens: int | None = None,
     num_tokens: float | Tensor | None = None,
     split_tokens: Tensor | None = None,
-    tis_weight: Tensor | None = None,
+    is_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO's clipped surrogate:
 
@@ -376,8 +406,9 @@ def grpo_loss(
         mask: `[B, C]`; advantages: `[B]`; ref_logp: `[B, C]` or None.
         aggregation, max_new_tokens, num_tokens: see `aggregate`.
         split_tokens: `[B]`, see `token_mean_share` (None: this micro-batch's token means).
-        tis_weight: `[B, C]` truncated importance weights (`truncated_is_weight`) multiplying each token's clipped
-            surrogate, `w_it * min(rho A, clip(rho) A)`; the KL term is not weighted. None: weight 1 (the course).
+        is_weight: `[B, C]` or `[B, 1]` weights (`sampler_is_weight`, times `off_policy_keep`) multiplying each
+            token's clipped surrogate, `w_it * min(rho A, clip(rho) A)`; the KL term is not weighted. None: weight 1
+            (the course).
 
     Returns:
         The scalar loss and detached stats `policy_loss`, `kl`, `clip_fraction` (share of completion
@@ -388,8 +419,8 @@ def grpo_loss(
     rho = importance_ratio(logp, old_logp, mask, ratio_level)
     adv = advantages.unsqueeze(1)  # [B, 1]
     surrogate = torch.minimum(rho * adv, rho.clamp(1.0 - clip_eps, 1.0 + high) * adv)
-    if tis_weight is not None:
-        surrogate = tis_weight * surrogate
+    if is_weight is not None:
+        surrogate = is_weight * surrogate
     policy_loss = -aggregate(surrogate, mask, aggregation, max_new_tokens, num_tokens)
     kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
     clipped_high = (rho > 1.0 + high) & (adv > 0)  # [B, C]: the ratio rose past the upper clip on a good row
@@ -420,7 +451,7 @@ def cispo_loss(
     max_new_tokens: int | None = None,
     num_tokens: float | Tensor | None = None,
     split_tokens: Tensor | None = None,
-    tis_weight: Tensor | None = None,
+    is_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, 2025): REINFORCE with each token's importance weight clipped and detached,
 
@@ -440,8 +471,8 @@ def cispo_loss(
     adv = advantages.unsqueeze(1)  # [B, 1]
     weight = rho.clamp(max=1.0 + clip_eps_high).detach()
     per_token = weight * adv * logp
-    if tis_weight is not None:
-        per_token = tis_weight * per_token
+    if is_weight is not None:
+        per_token = is_weight * per_token
     policy_loss = -aggregate(per_token, mask, aggregation, max_new_tokens, num_tokens)
     kl_loss, kl = _kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
     capped = (rho > 1.0 + clip_eps_high) & (adv > 0)  # [B, C]

@@ -2,19 +2,20 @@
 
 Which groups the update keeps (`unsettled_rows`: DAPO's dynamic sampling; the rollout callback runs its refill
 rounds), the advantages it trains on (`clipped_advantages`: an estimator of `losses.advantages`, then clipped), which
-rows have no EOS (`truncated_rows`: DAPO's overlong filtering masks them), and the truncated importance weight against
-the sampler (`tis_weight`). The rollout callback applies the first three in that order (`llm_pg.callbacks.rollout`); the
-modules' losses take the fourth.
+rows have no EOS (`truncated_rows`: DAPO's overlong filtering masks them), and the importance weight against the
+rollout engine's sampler (`sampler_weight`, in one of four modes: `SamplerCorrection`). The rollout callback applies
+the first three in that order (`llm_pg.callbacks.rollout`); the modules' losses take the fourth.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from llm_pg.core.losses import advantages, settled_groups, truncated_is_weight
+from llm_pg.core.losses import advantages, sampler_is_weight, settled_groups
 from llm_pg.core.rollout import RolloutBatch
 
 
@@ -42,11 +43,36 @@ def clipped_advantages(rewards: Tensor, group_size: int, estimator: str, clip: f
     return advantages(rewards, group_size, estimator).clamp(-clip, clip)
 
 
-def tis_weight(rollout: RolloutBatch, cap: float | None) -> Tensor | None:
-    """`[b, C]` truncated importance weights `min(exp(old_logp - sampler_logp), cap)` of a (micro-)batch, or None
-    when TIS is off (`cap` None) or pi_old is unknown (REINFORCE with HF: no weight, i.e. 1). Without engine
-    log-probs (HF) the sampler is pi_old itself and every weight is exactly 1."""
-    if cap is None or rollout.old_logp is None:
+@dataclass(frozen=True)
+class SamplerCorrection:
+    """How the policy term is corrected for the rollout engine's sampler (`losses.sampler_is_weight`): a mode of
+    `losses.SAMPLER_IS_MODES` and its bounds. `tis_cap: C` is `SamplerCorrection("token_truncate", C)`."""
+
+    mode: str
+    high: float
+    low: float | None = None
+
+
+def sampler_weight(rollout: RolloutBatch, correction: SamplerCorrection | None) -> Tensor | None:
+    """`[b, C]` (token modes) or `[b, 1]` (sequence modes) importance weights of a (micro-)batch against its sampler,
+    or None when there is no correction (`correction` None) or pi_old is unknown (REINFORCE with HF: weight 1).
+    Without engine log-probs (HF) the sampler is pi_old itself and every weight is exactly 1."""
+    if correction is None or rollout.old_logp is None:
         return None
-    sampler = rollout.old_logp if rollout.sampled_logp is None else rollout.sampled_logp.to(rollout.old_logp.device)
-    return truncated_is_weight(rollout.old_logp, sampler, cap)
+    return sampler_is_weight(
+        rollout.old_logp,
+        sampler_logp(rollout),
+        rollout.completion_mask,
+        correction.mode,
+        correction.high,
+        correction.low,
+    )
+
+
+def sampler_logp(rollout: RolloutBatch) -> Tensor | None:
+    """`[b, C]` the sampler's log-probs of the sampled tokens: the engine's own (vLLM), else pi_old (HF samples with
+    the policy itself), else None (REINFORCE with HF)."""
+    if rollout.sampled_logp is None:
+        return rollout.old_logp
+    device = rollout.old_logp.device if rollout.old_logp is not None else rollout.sampled_logp.device
+    return rollout.sampled_logp.to(device)

@@ -1,12 +1,13 @@
-"""How far the rollout engine's sampler is from the trainer's pi_old, and the TIS weight that corrects for it.
+"""How far the rollout engine's sampler is from the trainer's pi_old, and the importance weight that corrects for it.
 
 An engine that reports its own log-prob of every sampled token (vLLM: `RolloutBatch.sampled_logp`) can be compared
 with the trainer's pi_old of the same tokens (`old_logp`). The two differ by float rounding when the engine holds
 the trainer's weights (below 4e-6 in float32 on the CPU; bf16 kernels on a GPU: a token mean near 1e-2 and a max
 above 0.1 are normal, docs/runs.md), and by more when it samples from stale or rounded weights. Truncated importance
 sampling (`tis_cap`, docs/algorithms.md) weights each token's policy-gradient term by
-`min(exp(old_logp - sampler_logp), C)`. With the HF engine the sampler is the policy itself: `sampler_logp = old_logp`
-and the weight is exactly 1.
+`min(exp(old_logp - sampler_logp), C)`; `sampler_is_mode` chooses among four such corrections (per token or per
+sequence, truncated or masked: `llm_pg.core.losses.sampler_is_weight`). With the HF engine the sampler is the policy
+itself: `sampler_logp = old_logp` and the weight is exactly 1.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from llm_pg.core.losses import masked_mean
 from llm_pg.core.rollout import RolloutBatch
-from llm_pg.core.variants import tis_weight
+from llm_pg.core.variants import SamplerCorrection, sampler_logp, sampler_weight
 
 MISMATCH_QUANTILE = 0.99
 TREND_WINDOW = 20  # iterations the mismatch trend looks back over
@@ -42,17 +43,25 @@ def logprob_mismatch(rollout: RolloutBatch) -> dict[str, float]:
     }
 
 
-def tis_metrics(rollout: RolloutBatch, cap: float | None) -> dict[str, float]:
-    """`rollout/tis_weight_mean` (token mean of the truncated weight) and `rollout/tis_clipped_frac` (share of
-    completion tokens whose weight the cap lowered), when TIS is on and pi_old is known."""
-    weight = tis_weight(rollout, cap)
+def tis_metrics(rollout: RolloutBatch, correction: SamplerCorrection | None) -> dict[str, float]:
+    """With a correction against the sampler and pi_old known: `rollout/tis_weight_mean`, the mean weight (over
+    completion tokens in the token modes, over completions in the sequence modes), and the share of those tokens or
+    completions whose weight a bound changed: `rollout/tis_clipped_frac` (truncate modes) or `rollout/tis_masked_frac`
+    (mask modes: the weight is 0)."""
+    weight = sampler_weight(rollout, correction)
     if weight is None or not rollout.completion_mask.any():
         return {}
-    sampler = rollout.old_logp if rollout.sampled_logp is None else rollout.sampled_logp.to(rollout.old_logp.device)
-    capped = (rollout.old_logp - sampler) > math.log(cap)  # [N, C]
+    mask = rollout.completion_mask
+    diff = (rollout.old_logp - sampler_logp(rollout)) * mask  # [N, C]
+    if correction.mode.startswith("sequence"):
+        diff, mask = diff.sum(-1, keepdim=True), mask.any(-1, keepdim=True)  # [N, 1]
+    outside = diff > math.log(correction.high)
+    if correction.low is not None:
+        outside |= diff < math.log(correction.low)
+    kind = "clipped" if correction.mode.endswith("truncate") else "masked"
     return {
-        "rollout/tis_weight_mean": masked_mean(weight, rollout.completion_mask).item(),
-        "rollout/tis_clipped_frac": masked_mean(capped.float(), rollout.completion_mask).item(),
+        "rollout/tis_weight_mean": masked_mean(weight, mask).item(),
+        f"rollout/tis_{kind}_frac": masked_mean(outside.float(), mask).item(),
     }
 
 
@@ -83,7 +92,8 @@ class MismatchTrend:
         return (
             f"rollout/logprob_mismatch_mean rose from {old_mean:.2g} to {new_mean:.2g} over the last {self.window} "
             "iterations: the rollout engine samples from weights further and further from the trainer's (see "
-            "docs/runs.md, 'Is the sampler in sync?'); model.init_args.tis_cap corrects the update for it"
+            "docs/runs.md, 'Is the sampler in sync?'); model.init_args.tis_cap (or sampler_is_mode) corrects the "
+            "update for it"
         )
 
 
@@ -91,13 +101,13 @@ class SamplerHealth:
     """The `rollout/` figures of one iteration's rollout (mismatch and TIS), and the mismatch trend's warning
     (`warn`, e.g. Lightning's `rank_zero_warn`)."""
 
-    def __init__(self, tis_cap: float | None, warn: Callable[[str], None]) -> None:
-        self.tis_cap = tis_cap
+    def __init__(self, correction: SamplerCorrection | None, warn: Callable[[str], None]) -> None:
+        self.correction = correction
         self.warn = warn
         self.trend = MismatchTrend()
 
     def __call__(self, rollout: RolloutBatch) -> dict[str, float]:
-        metrics = {**logprob_mismatch(rollout), **tis_metrics(rollout, self.tis_cap)}
+        metrics = {**logprob_mismatch(rollout), **tis_metrics(rollout, self.correction)}
         message = self.trend.update(metrics.get("rollout/logprob_mismatch_mean"))
         if message:
             self.warn(message)

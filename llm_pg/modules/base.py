@@ -28,9 +28,10 @@ from torch import Tensor
 from llm_pg.callbacks import EvalCallback, GenerationsCallback
 from llm_pg.callbacks.rollout import RolloutCallback, ScoredRollout
 from llm_pg.callbacks.sharded_eval import evaluate
-from llm_pg.core.losses import Advantage, LossAggregation
+from llm_pg.core.losses import Advantage, LossAggregation, SamplerIsMode, off_policy_keep
 from llm_pg.core.rollout import RolloutBatch, derive_seed
 from llm_pg.core.schedule import LrSchedule, lr_factor
+from llm_pg.core.variants import SamplerCorrection, sampler_logp, sampler_weight
 from llm_pg.engines import HFEngine, SamplerHealth, build_engine
 from llm_pg.models.generation import Sampling
 from llm_pg.models.loading import (
@@ -45,7 +46,7 @@ from llm_pg.models.loading import (
 from llm_pg.models.parallel import full_state_dict, is_sharded, unsharded
 from llm_pg.modules import logprobs
 from llm_pg.modules.distributed import shard_for_strategy
-from llm_pg.modules.settings import RolloutEngine, check_settings
+from llm_pg.modules.settings import RolloutEngine, check_off_policy_mask, check_settings
 from llm_pg.modules.update import run_update
 from llm_pg.runs.directory import run_dir
 from llm_pg.runs.guards import DivergenceGuard, RunStopped, weights_finite
@@ -137,7 +138,20 @@ class PolicyGradientModule(L.LightningModule, ABC):
         tis_cap: truncated importance sampling against the rollout engine (null: off, the course): each completion
             token's policy-gradient term is weighted by `min(exp(old_logp - sampler_logp), tis_cap)`, where
             `sampler_logp` is the engine's own log-prob of the token (vLLM; with HF the weight is exactly 1).
-            Logs `rollout/tis_weight_mean` and `rollout/tis_clipped_frac`. See docs/algorithms.md, "TIS".
+            Logs `rollout/tis_weight_mean` and `rollout/tis_clipped_frac`. See docs/algorithms.md, "TIS". The
+            shorthand of `sampler_is_mode: token_truncate` with `sampler_is_max: tis_cap`.
+        sampler_is_mode: the importance correction against the rollout engine's sampler, in one of four modes (null:
+            off): `token_truncate` | `token_mask` (a weight `exp(old_logp - sampler_logp)` per token) or
+            `sequence_truncate` | `sequence_mask` (one per completion: the product over its tokens), truncated to
+            `[sampler_is_min, sampler_is_max]` or set to 0 outside it (`llm_pg.core.losses.sampler_is_weight`; TRL's
+            `vllm_importance_sampling_mode`). The sequence modes need `rollout_engine: vllm` (with HF the sampler is
+            the policy itself). Logs `rollout/tis_weight_mean` and `rollout/tis_clipped_frac` or `tis_masked_frac`.
+        sampler_is_max: the upper bound of `sampler_is_mode`'s weight (>= 1).
+        sampler_is_min: its lower bound (null: none; else in (0, 1]).
+        off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence masking (null: off): a completion with a
+            negative advantage whose mean per-token `log pi_sampler - log pi_theta` exceeds this value leaves the
+            policy term (`llm_pg.core.losses.off_policy_keep`; TRL's `off_policy_mask_threshold`); pi_sampler is the
+            engine's log-probs, or pi_old with HF. Logs `train/off_policy_masked_frac`.
         entropy_coef: entropy bonus: the loss subtracts `entropy_coef` times the token mean of the sampled positions'
             next-token entropy (with its gradient), logged as `train/entropy_bonus` (0: off, the course).
         overlong_buffer: DAPO's soft overlong punishment: a completion longer than `max_new_tokens -
@@ -200,6 +214,10 @@ class PolicyGradientModule(L.LightningModule, ABC):
         vllm_max_num_batched_tokens: int | None = None,
         eval_batch_size: int | None = None,
         tis_cap: float | None = None,
+        sampler_is_mode: SamplerIsMode | None = None,
+        sampler_is_max: float = 2.0,
+        sampler_is_min: float | None = None,
+        off_policy_mask_threshold: float | None = None,
         entropy_coef: float = 0.0,
         overlong_buffer: int = 0,
         overlong_penalty: float = 1.0,
@@ -212,6 +230,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.strict_loading = False  # checkpoints hold trainable weights only (the reference never)
         self.lora = lora
         check_settings({**self.hparams, "lora": lora})  # hparams may hold the CLI's dict form of `lora`
+        check_off_policy_mask(self.hparams, self.needs_pi_old)
         resolve_model_path(model_name_or_path)  # a missing local directory fails here, before any loading
         self.iteration = 0  # RL iterations completed; saved in checkpoints
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
@@ -227,7 +246,32 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self._reference: list[torch.nn.Module] = []  # a list, so the reference is not a submodule
         self._engine: HFEngine | VLLMEngine | None = None  # built on first use (`engine`)
         self._engine_iteration: int | None = None  # the iteration whose weights the engine holds
-        self.sampler_health = SamplerHealth(tis_cap, rank_zero_warn)  # rollout/ mismatch and TIS figures
+        self.sampler_health = SamplerHealth(self.sampler_correction, rank_zero_warn)  # rollout/ mismatch and TIS
+
+    @property
+    def sampler_correction(self) -> SamplerCorrection | None:
+        """The importance correction against the sampler: `sampler_is_mode` with its bounds, `tis_cap` as
+        `token_truncate`, or None (off)."""
+        hp = self.hparams
+        if hp.tis_cap is not None:
+            return SamplerCorrection("token_truncate", hp.tis_cap)
+        if hp.sampler_is_mode is not None:
+            return SamplerCorrection(hp.sampler_is_mode, hp.sampler_is_max, hp.sampler_is_min)
+        return None
+
+    def policy_weight(self, logp: Tensor, rollout: RolloutBatch) -> tuple[Tensor | None, dict[str, Tensor]]:
+        """The weights `[b, C]` or `[b, 1]` of a micro-batch's policy term (None: 1): the importance correction
+        against the sampler (`sampler_correction`) times the off-policy sequence mask (`off_policy_mask_threshold`),
+        and the mask's stat `off_policy_masked_frac` (the share of these rows it drops) when it is on."""
+        weight = sampler_weight(rollout, self.sampler_correction)
+        threshold = self.hparams.off_policy_mask_threshold
+        if threshold is None:
+            return weight, {}
+        sampler = sampler_logp(rollout)
+        sampler = logp.detach() if sampler is None else sampler
+        keep = off_policy_keep(rollout.advantages, logp, sampler, rollout.completion_mask, threshold)  # [b, 1]
+        stats = {"off_policy_masked_frac": 1.0 - keep.mean()}
+        return (keep if weight is None else weight * keep), stats
 
     @property
     def iteration_in_progress(self) -> int:

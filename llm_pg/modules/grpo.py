@@ -16,7 +16,8 @@ log-probs are computed once per rollout, at `logprob_temperature` like pi_theta 
 logits, as in the course, although sampling may run at another T), so the first micro-batch has rho = 1;
 the KL term is a token mean over each micro-batch rather than a per-sequence mean. With `tis_cap: C` each token's
 surrogate is also weighted by `min(pi_old / pi_sampler, C)` (truncated importance sampling against the rollout
-engine; off by default, as in the course).
+engine; off by default, as in the course); `sampler_is_mode` picks among four such corrections, and
+`off_policy_mask_threshold` drops far off-policy completions with negative advantages (`policy_weight`).
 
 pi_old without a separate pass: when one optimizer step covers a whole pass (the course's configs), no weight
 changes before every row's first forward, so pi_old is the detached log-prob of the first pass, exactly when
@@ -31,7 +32,6 @@ from torch import Tensor
 
 from llm_pg.core.losses import PolicyLoss, RatioLevel, cispo_loss, grpo_loss
 from llm_pg.core.rollout import RolloutBatch
-from llm_pg.core.variants import tis_weight
 from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.modules.logprobs import has_dropout
 from llm_pg.modules.settings import check_grpo_settings
@@ -89,6 +89,7 @@ class GRPOModule(PolicyGradientModule):
     ) -> tuple[Tensor, dict[str, Tensor]]:
         hp = self.hparams
         tensors = (logp, rollout.old_logp, rollout.completion_mask, rollout.advantages, rollout.ref_logp)
+        weight, weight_stats = self.policy_weight(logp, rollout)
         shared = {
             "kl_coef": hp.kl_coef,
             "ratio_level": hp.ratio_level,
@@ -96,9 +97,11 @@ class GRPOModule(PolicyGradientModule):
             "max_new_tokens": hp.max_new_tokens,
             "num_tokens": num_tokens,
             "split_tokens": rollout.split_tokens,
-            "tis_weight": tis_weight(rollout, hp.tis_cap),
+            "is_weight": weight,
         }
         if hp.policy_loss == "cispo":  # the weight's bound: 1 + clip_eps_high, else 1 + clip_eps
             high = hp.clip_eps if hp.clip_eps_high is None else hp.clip_eps_high
-            return cispo_loss(*tensors, clip_eps_high=high, **shared)
-        return grpo_loss(*tensors, clip_eps=hp.clip_eps, clip_eps_high=hp.clip_eps_high, **shared)
+            loss, stats = cispo_loss(*tensors, clip_eps_high=high, **shared)
+        else:
+            loss, stats = grpo_loss(*tensors, clip_eps=hp.clip_eps, clip_eps_high=hp.clip_eps_high, **shared)
+        return loss, stats | weight_stats

@@ -13,7 +13,7 @@ group std (as in GRPO, Shao et al., 2024); log-probs are averaged over each comp
 summed; log-probs are taken at `logprob_temperature` (default 1.0, the raw logits, as in the course,
 whatever the sampling temperature; null: the sampling temperature). With `tis_cap: C` each token's term is
 weighted by `min(pi_old / pi_sampler, C)` (truncated importance sampling against the rollout engine; off by
-default, as in the course).
+default, as in the course); `sampler_is_mode` and `off_policy_mask_threshold` as in GRPO (`policy_weight`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from torch import Tensor
 
 from llm_pg.core.losses import reinforce_loss
 from llm_pg.core.rollout import RolloutBatch
-from llm_pg.core.variants import tis_weight
 from llm_pg.modules.base import PolicyGradientModule
 
 
@@ -40,7 +39,8 @@ class ReinforceModule(PolicyGradientModule):
         self, logp: Tensor, rollout: RolloutBatch, num_tokens: float | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         hp = self.hparams
-        return reinforce_loss(
+        weight, weight_stats = self.policy_weight(logp, rollout)
+        loss, stats = reinforce_loss(
             logp,
             rollout.completion_mask,
             rollout.advantages,
@@ -50,5 +50,6 @@ class ReinforceModule(PolicyGradientModule):
             max_new_tokens=hp.max_new_tokens,
             num_tokens=num_tokens,
             split_tokens=rollout.split_tokens,
-            tis_weight=tis_weight(rollout, hp.tis_cap),
+            is_weight=weight,
         )
+        return loss, stats | weight_stats

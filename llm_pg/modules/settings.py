@@ -9,7 +9,13 @@ import importlib.util
 import math
 from typing import Any, Literal, get_args
 
-from llm_pg.core.losses import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, RATIO_LEVELS
+from llm_pg.core.losses import (
+    ADVANTAGE_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    RATIO_LEVELS,
+    SAMPLER_IS_MODES,
+)
 from llm_pg.core.schedule import LR_SCHEDULES
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # float16 would need loss scaling, which the update loop does not do
@@ -94,6 +100,7 @@ def check_settings(hp: dict[str, Any]) -> None:
     _at_least("overlong_penalty", hp["overlong_penalty"], 0, "the punishment at max_new_tokens, e.g. 1.0")
     if hp["tis_cap"] is not None:
         _at_least("tis_cap", hp["tis_cap"], 1, "the truncation C of min(exp(old_logp - sampler_logp), C), e.g. 2.0")
+    check_sampler_correction(hp)
     _at_least("log_generations_every", hp["log_generations_every"], 0, "0 logs no completion tables")
     table_rows = hp["log_generations_rows"]
     if not (isinstance(table_rows, int) and not isinstance(table_rows, bool) and table_rows >= 1):
@@ -125,6 +132,48 @@ def check_settings(hp: dict[str, Any]) -> None:
             _fail("lora.dropout", "in [0, 1)", lora.dropout, "the course uses 0.05")
         if lora.r > 0 and not lora.target_modules:
             _fail("lora.target_modules", "non-empty", lora.target_modules, "name the projections to adapt, e.g. q_proj")
+
+
+def check_sampler_correction(hp: dict[str, Any]) -> None:
+    """`sampler_is_mode` with its bounds, and `off_policy_mask_threshold` (docs/algorithms.md, "TIS")."""
+    mode = hp["sampler_is_mode"]
+    if mode is not None:
+        _one_of("sampler_is_mode", mode, SAMPLER_IS_MODES, "or null (off); tis_cap is the token_truncate shorthand")
+    _at_least("sampler_is_max", hp["sampler_is_max"], 1, "the upper bound of the importance weight, e.g. 2.0")
+    low = hp["sampler_is_min"]
+    if low is not None and not (_number(low) and 0 < low <= 1):
+        _fail("sampler_is_min", "in (0, 1] or null", low, "the lower bound of the importance weight, e.g. 0.5")
+    if mode is None and (low is not None or hp["sampler_is_max"] != 2.0):
+        raise ValueError(
+            "model.sampler_is_min / sampler_is_max bound the weight of sampler_is_mode, which is null: set "
+            "model.sampler_is_mode (token_truncate, token_mask, sequence_truncate or sequence_mask), or drop the bound"
+        )
+    if mode is not None and hp["tis_cap"] is not None:
+        raise ValueError(
+            f"model.tis_cap={hp['tis_cap']!r} is the shorthand of sampler_is_mode: token_truncate, and "
+            f"sampler_is_mode is {mode!r} too: keep one (tis_cap: C is sampler_is_mode: token_truncate with "
+            "sampler_is_max: C)"
+        )
+    if mode is not None and mode.startswith("sequence") and hp["rollout_engine"] != "vllm":
+        raise ValueError(
+            f"model.sampler_is_mode={mode!r} corrects for a rollout engine that samples apart from the trainer, but "
+            f"rollout_engine is {hp['rollout_engine']!r}, which samples with the policy itself (every weight would be "
+            "exactly 1): set model.rollout_engine: vllm, or sampler_is_mode: null"
+        )
+    threshold = hp["off_policy_mask_threshold"]
+    if threshold is not None:
+        _at_least(
+            "off_policy_mask_threshold", threshold, 0, "the mean log-ratio above which a sequence drops, e.g. 0.5"
+        )
+
+
+def check_off_policy_mask(hp: dict[str, Any], has_pi_old: bool) -> None:
+    """An off-policy mask needs something to be off-policy from: pi_old (GRPO) or the engine's sampler (vLLM)."""
+    if hp["off_policy_mask_threshold"] is not None and not has_pi_old and hp["rollout_engine"] != "vllm":
+        raise ValueError(
+            "model.off_policy_mask_threshold is set, but REINFORCE with rollout_engine hf trains on the policy's own "
+            "samples in one pass: no sequence is ever off-policy; use rollout_engine: vllm or GRPOModule, or drop it"
+        )
 
 
 def _one_of(key: str, value: Any, names: tuple[str, ...], fix: str) -> None:
