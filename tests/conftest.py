@@ -73,6 +73,9 @@ SMALL = [  # 2 prompts x 4 completions, 2 micro-batches of 2 per step, short com
     "--data.task.init_args.eval_size=4",
     "--wandb_project=null",
     "--trainer.enable_progress_bar=false",
+    # Test tasks are user code (not llm_pg's): score them in-process, as llm_pg's own tasks are, without spawning
+    # reward workers for every fit; tests/test_user_modules.py runs the workers themselves.
+    "--data.reward_workers=0",
 ]
 
 

@@ -127,3 +127,17 @@ def test_a_config_with_a_python_tag_is_one_line_and_the_tag_never_runs(tmp_path,
     (run / "config.yaml").write_text("- a list\n")
     assert main([str(run), "--out", str(tmp_path / "b.zip")]) == 2
     assert "a YAML list, not a mapping" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["final/x.zip", "metrics.csv", "new/deeper/out.zip"])
+def test_an_out_inside_the_run_is_refused_and_the_run_is_left_byte_identical(tmp_path, capsys, target):
+    run = make_run(tmp_path, "r1")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert main([str(run), "--out", str(run / target)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"llm-pg bundle: error: --out {run / target} lies inside the run directory {run}, which the bundle reads "
+        f"(the zip would grow into itself or replace the run's files); write it outside, e.g. --out r1.zip\n"
+    )
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert not (run / "new").exists()

@@ -1,5 +1,6 @@
 """PromptGroupDataModule: batch layout, DDP rank split, resume from state_dict and from a checkpoint."""
 
+import sys
 from types import SimpleNamespace
 
 import lightning as L
@@ -129,3 +130,34 @@ def test_lightning_validation_gets_the_whole_eval_set(tmp_path):
     module, task = RecordingModule(), ArithTask(eval_size=5)
     make_trainer(tmp_path).validate(module, PromptGroupDataModule(task, eval_batch_size=2), verbose=False)
     assert module.validated == [e.prompt for e in task.eval_examples]
+
+
+def test_reward_settings_are_one_line_errors_and_only_user_code_is_isolated(tmp_path):
+    from conftest import DigitTask
+
+    from llm_pg.data.isolation import TaskScorer
+    from llm_pg.data.tasks import DatasetTask
+
+    with pytest.raises(ValueError, match=r"^data\.reward_timeout must be > 0 seconds, got 0; e\.g\. 30$"):
+        PromptGroupDataModule(FormatCopyTask(), reward_timeout=0)
+    with pytest.raises(ValueError, match=r"^data\.reward_workers must be an integer >= 0 or null, got -1; "):
+        PromptGroupDataModule(FormatCopyTask(), reward_workers=-1)
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "p", "answer": "1"}\n' * 4)
+    (tmp_path / "own_rewards.py").write_text("def score(completion, example):\n    return 0.0\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        builtin = DatasetTask(data_files=str(tmp_path / "rows.jsonl"), rewards=["answer_tag"], eval_size=1)
+        own = DatasetTask(data_files=str(tmp_path / "rows.jsonl"), rewards=["answer_tag", "own_rewards:score"])
+    finally:
+        sys.path.remove(str(tmp_path))
+    isolated = {
+        name: TaskScorer(task, workers=2).isolated
+        for name, task in [
+            ("format_copy", FormatCopyTask()),
+            ("builtin", builtin),
+            ("own", own),
+            ("digits", DigitTask()),
+        ]
+    }
+    assert isolated == {"format_copy": False, "builtin": False, "own": True, "digits": True}
+    assert not TaskScorer(DigitTask(), workers=0).isolated

@@ -371,3 +371,14 @@ def test_every_table_of_report_md_renders(tmp_path):
     report_md, _ = report.write_report([tmp_path / "sweep"], tmp_path / "out")
     text = report_md.read_text()
     assert text.count("|---|") >= 6 and problems(text) == []
+
+
+def test_a_report_out_inside_what_it_reads_is_refused(tmp_path, capsys):
+    (tmp_path / "sweep" / "a").mkdir(parents=True)
+    (tmp_path / "sweep" / "a" / "metrics.csv").write_text("step,train/reward\n1,0.5\n")
+    assert report.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "sweep" / "a" / "report")]) == 2
+    assert capsys.readouterr().err == (
+        f"llm-pg report: error: --out {tmp_path / 'sweep' / 'a' / 'report'} lies inside {tmp_path / 'sweep'}, which "
+        "the report reads; write it outside, e.g. --out reports/NAME\n"
+    )
+    assert sorted(p.name for p in (tmp_path / "sweep").rglob("*")) == ["a", "metrics.csv"]

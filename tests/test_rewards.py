@@ -149,11 +149,15 @@ def test_bad_entries_are_one_line_errors(entries, message):
     assert "\n" not in str(info.value)
 
 
-def test_a_module_whose_own_import_fails_shows_that_error(tmp_path, monkeypatch):
-    (tmp_path / "broken_rewards.py").write_text("import no_such_dependency_xyz\n")
+def test_a_module_whose_own_import_fails_shows_that_error_in_one_line(tmp_path, monkeypatch):
+    (tmp_path / "broken_rewards.py").write_text("import math\nimport no_such_dependency_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
+    with pytest.raises(ValueError) as error:
         resolve_rewards(["broken_rewards:score"])
+    assert str(error.value) == (
+        f"reward 'broken_rewards:score': importing broken_rewards failed: {tmp_path / 'broken_rewards.py'}:2: "
+        "ModuleNotFoundError: No module named 'no_such_dependency_xyz'"
+    )
 
 
 def test_a_function_that_raises_is_a_reward_error_naming_it_with_the_cause_kept():

@@ -3,6 +3,7 @@ errors and logs that replay cleanly (llm_pg/runs/directory.py, llm_pg/cli/fit.py
 
 import csv
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -12,12 +13,14 @@ import time
 import lightning as L
 import pytest
 import torch
-from conftest import ROOT, SMALL, fit
+from conftest import ROOT, SMALL, DigitTask, fit
 
 from llm_pg.callbacks.checkpoint import read_header, verify
 from llm_pg.cli.fit import RunInterrupted, main
+from llm_pg.data.tasks.base import Example
 from llm_pg.runs.config import config_changes
 from llm_pg.runs.directory import RunDirError, RunLock, is_complete, is_rank_zero
+from llm_pg.runs.guards import RunStopped
 from llm_pg.runs.logs import trim_logs
 
 DIGITS = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
@@ -379,3 +382,98 @@ def test_a_last_ckpt_cadence_below_one_is_refused_in_one_line():
         ValueError, match=r"^checkpoint\.last_every_n_iterations must be >= 1, got 0; 1 \(the default\)"
     ):
         IterationCheckpoint(last_every_n_iterations=0)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fit", "--config", "configs/tiny/format_copy_grpo.yaml", "--overwrite", "true"],  # as `make demo` starts it
+        ["fit", "--config", "configs/tiny/format_copy_grpo.yaml", "--overwrite=true"],
+        ["fit", "--overwrite", "true", "--config", "configs/tiny/format_copy_grpo.yaml", "--ckpt_path=last"],
+        ["fit", "--ckpt_path", "last", "--config", "configs/tiny/format_copy_grpo.yaml"],
+    ],
+)
+def test_the_resume_line_is_a_command_that_works(args):
+    from llm_pg.cli.fit import RunSession
+
+    message = str(RunSession(args).interrupted(signal.SIGINT))
+    assert message == (
+        "llm-pg: stopped by SIGINT; no iteration finished. "
+        "Resume: llm-pg fit --config configs/tiny/format_copy_grpo.yaml --ckpt_path last"
+    )
+
+
+def test_ctrl_c_is_not_called_sigterm_in_lightnings_log_line(caplog):
+    from llm_pg.callbacks.checkpoint import LIGHTNING_SIGNALS, SIGNAL_NAME
+
+    logger = logging.getLogger(LIGHTNING_SIGNALS)
+    logger.addFilter(SIGNAL_NAME)
+    try:
+        with caplog.at_level(logging.INFO, logger=LIGHTNING_SIGNALS):
+            logger.info("[rank: 0] Received SIGTERM: %d", signal.SIGINT)
+            logger.info("Received SIGTERM: %d", signal.SIGTERM)
+    finally:
+        logger.removeFilter(SIGNAL_NAME)
+    assert [r.getMessage() for r in caplog.records] == ["[rank: 0] Received SIGINT", "Received SIGTERM"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "shown"),
+    [
+        ("--trainer.max_steps=3", "trainer.max_steps=3"),
+        ("--trainer.max_time=00:00:00:15", "trainer.max_time='00:00:00:15'"),
+        ("--trainer.max_epochs=1", "trainer.max_epochs=1"),
+        ("--trainer.fast_dev_run=true", "trainer.fast_dev_run=True"),
+    ],
+)
+def test_a_lightning_limit_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch, flag, shown):
+    monkeypatch.setattr(sys, "argv", ["llm-pg"])
+    config = f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}"
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", config, f"--runs_root={tmp_path}", "--run_name=run", "--wandb_project=null", flag])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(
+        f"llm-pg: error: {shown} would stop the run before its model.init_args.iterations=30 and leave it looking "
+        "finished; a run's length is model.init_args.iterations"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+class LongPromptTask(DigitTask):
+    """DigitTask whose stream example 1 is a broken data row: a prompt of 20,000 characters."""
+
+    def train_example(self, index: int, seed: int) -> Example:
+        if index == 1:
+            return Example(prompt="Say digits " + "12345 " * 3400, answer="")
+        return super().train_example(index, seed)
+
+
+def test_a_prompt_beyond_the_models_context_stops_the_run_naming_it_before_any_tensor(tmp_path, random_model_dir):
+    task = ["--data.task=test_run_safety.LongPromptTask", "--data.task.init_args.eval_size=4"]
+    with pytest.raises(RunStopped) as stopped:
+        fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", *task)
+    message = str(stopped.value)
+    assert message.startswith("the prompt 'Say digits 12345 12345 ") and "(iteration 1's rollout) has " in message
+    assert message.endswith(
+        "tokens, and with max_new_tokens=8 the model's context of 512 tokens leaves room for at most 504; set "
+        "model.init_args.max_prompt_tokens (each prompt keeps its last tokens) or fix the data row"
+    )
+    assert "\n" not in message and not is_complete(tmp_path / "run")
+    # With max_prompt_tokens the prompt keeps its last tokens and the run trains.
+    fit(tmp_path / "cut", random_model_dir, "--model.init_args.iterations=1", "--model.init_args.max_prompt_tokens=64",
+        *task)  # fmt: skip
+    assert is_complete(tmp_path / "cut" / "run")
+
+
+def test_a_checkpoint_file_never_replaces_the_command_lines_settings(tmp_path, random_model_dir):
+    fit(tmp_path / "a", random_model_dir, "--model.init_args.iterations=2", *DIGITS)
+    other = str(tmp_path / "a" / "run" / "checkpoints" / "last.ckpt")
+    changed = ["--model.init_args.lr=1e-3", "--model.init_args.iterations=3", f"--ckpt_path={other}"]
+    with pytest.raises(RunDirError) as error:
+        fit(tmp_path / "b", random_model_dir, *changed, *DIGITS)
+    assert "was trained with other settings: model.init_args.lr: 0.0003 -> 0.001" in str(error.value)
+    # Only the length changed (allowed under a constant rate): the run trains to this command line's 3 iterations.
+    resumed = fit(tmp_path / "b", random_model_dir, "--model.init_args.iterations=3", f"--ckpt_path={other}", *DIGITS)
+    assert resumed.model.hparams.iterations == 3 and resumed.model.iteration == 3
+    assert resumed.model.hparams.lr == 3e-4

@@ -158,3 +158,25 @@ def _parse_with_the_real_cli(runs, sweep, capsys):
 def test_override_args_refuses_keys_the_sweep_sets():
     with pytest.raises(ValueError, match="run_name"):
         override_args({"run_name": "x"})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "base: configs/tiny/format_copy_grpo.yaml\nruns:\n  a: {}\n  b: {}\n  a: {model.init_args.lr: 0.1}\n",
+            "line 5: 'a' is given twice in one mapping (first on line 3); each run name and key once",
+        ),
+        ("base: configs/tiny/format_copy_grpo.yaml\nruns:\n  ..: {}\n", "name '..': use letters, digits and"),
+        ("base: configs/tiny/format_copy_grpo.yaml\nruns: {a: {}\n", "not valid YAML"),
+        ("base: x.yaml\nseeds: [0, 0]\nruns: {a: {}}\n", "seeds repeat: [0, 0]"),
+    ],
+)
+def test_a_bad_sweep_file_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys, text, message):
+    sweep_file = tmp_path / "bad.yaml"
+    sweep_file.write_text(text)
+    with pytest.raises(SystemExit) as stopped:
+        main([str(sweep_file), "--runs_root", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and message in err[-1], err
+    assert "Traceback" not in "\n".join(err) and not (tmp_path / "runs").exists()

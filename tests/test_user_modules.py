@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -175,3 +176,86 @@ def test_a_data_problem_is_one_line_before_training(tmp_path, capsys, fresh_path
     assert "answer_column names column 'number', which split 'train' of" in errors[0]
     assert "train.jsonl" in errors[0] and "(columns: q, n, split)" in errors[0]
     assert not (tmp_path / "runs" / "run").exists()  # before the run directory is made
+
+
+def test_resuming_over_edited_data_is_refused_naming_the_data(tmp_path, monkeypatch, capsys, fresh_path):
+    (tmp_path / "elsewhere").mkdir()
+    body = "def score(completion, example):\n    return 0.8 if example.answer in completion else 0.0\n"
+    config = write_experiment(tmp_path / "exp", "edited_data_rewards", body)
+    assert run_llm_pg(tmp_path, config, "--model.init_args.iterations=1") == 0
+    unchanged = ["--model.init_args.iterations=2", "--ckpt_path=last"]
+    data = tmp_path / "exp" / "train.jsonl"
+    original = data.read_text()
+    data.write_text(original.replace('"n": 7,', '"n": 8,'))  # one answer edited between the stop and the resume
+    capsys.readouterr()
+    assert run_llm_pg(tmp_path, config, *unchanged) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("llm-pg: error:")]
+    assert line.startswith(
+        "llm-pg: error: data.task: the data ({'train': 'train.jsonl'}) is not the data "
+        f"{tmp_path / 'runs' / 'run' / 'checkpoints' / 'last.ckpt'} was trained on (its rows' fingerprint "
+    )
+    assert "resume with the data it was trained on, or start a new run (--run_name)" in line
+    with open(tmp_path / "runs" / "run" / "metrics.csv") as f:
+        assert [row["step"] for row in csv.DictReader(f) if row.get("train/reward")] == ["1"]  # nothing trained
+    data.write_text(original)  # the data it was trained on: the resume goes on
+    assert run_llm_pg(tmp_path, config, *unchanged) == 0
+
+
+ISOLATED = {  # reward functions that hang, exit or crash their process: each stops the run in one line
+    "hanging_rewards": (
+        "import time\n\ndef score(completion, example):\n    while True:\n        time.sleep(0.05)\n",
+        "task DatasetTask did not return within data.reward_timeout=3 s while scoring row 0 of evaluation at "
+        "iteration 0",
+        'hanging_rewards.py", line 5 in score',
+    ),
+    "exiting_rewards": (
+        "import sys\n\ndef score(completion, example):\n    sys.exit(0)\n",
+        "task DatasetTask called sys.exit(0) while scoring row 0 of evaluation at iteration 0",
+        "a reward must return a number, not end the process",
+    ),
+    "crashing_rewards": (
+        "import os\n\ndef score(completion, example):\n    os._exit(3)\n",
+        "task DatasetTask's reward worker failed while scoring row 0 of evaluation at iteration 0",
+        "the worker process ended (exit code 3: os._exit or a crash in native code)",
+    ),
+}
+
+
+@pytest.mark.parametrize("module", ISOLATED)
+def test_a_reward_that_hangs_exits_or_crashes_stops_the_run_in_one_line(tmp_path, capsys, fresh_path, module):
+    (tmp_path / "elsewhere").mkdir()
+    body, start, detail = ISOLATED[module]
+    config = write_experiment(tmp_path / "exp", module, body)
+    started = time.perf_counter()
+    assert run_llm_pg(tmp_path, config, "--data.reward_timeout=3", "--data.reward_workers=1") == 1
+    assert time.perf_counter() - started < 120  # not for ever
+    stopped = stopped_line(capsys)
+    assert len(stopped) == 1 and start in stopped[0] and detail in stopped[0], stopped
+    assert not (tmp_path / "runs" / "run" / "COMPLETE").exists()
+
+
+def test_in_process_scoring_still_stops_at_a_sys_exit(tmp_path, capsys, fresh_path):
+    (tmp_path / "elsewhere").mkdir()
+    body, start, _ = ISOLATED["exiting_rewards"]
+    config = write_experiment(tmp_path / "exp", "exiting_in_process_rewards", body)
+    assert run_llm_pg(tmp_path, config, "--data.reward_workers=0") == 1
+    stopped = stopped_line(capsys)
+    assert len(stopped) == 1 and start in stopped[0], stopped
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("def score(completion, example)\n    return 0.0\n", "broken_rewards.py:1: SyntaxError: expected ':'"),
+        ("import math\nBASE = math.nope\n", "broken_rewards.py:2: AttributeError: module 'math' has no attribute"),
+    ],
+)
+def test_a_reward_module_that_fails_to_import_is_one_line_naming_file_and_line(
+    tmp_path, capsys, fresh_path, body, problem
+):
+    (tmp_path / "elsewhere").mkdir()
+    config = write_experiment(tmp_path / "exp", "broken_rewards", body)
+    assert run_llm_pg(tmp_path, config) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("llm-pg: error: "), errors
+    assert "reward 'broken_rewards:score': importing broken_rewards failed: " in errors[0] and problem in errors[0]

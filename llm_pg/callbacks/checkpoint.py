@@ -10,6 +10,7 @@ is in flight that file lists the new and the old hash, so whichever file a crash
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pickle
 import re
@@ -32,6 +33,24 @@ from llm_pg.runs.directory import fsync_dir, run_dir, write_text_atomic
 LAST = "last.ckpt"
 ITER = re.compile(r"^iter_(\d+)\.ckpt$")
 _verified: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) of files that verified in this process
+
+
+LIGHTNING_SIGNALS = "lightning.pytorch.trainer.connectors.signal_connector"
+
+
+class SignalName(logging.Filter):
+    """Lightning's SIGTERM handler, which also handles Ctrl-C here, logs `Received SIGTERM: 2` for a SIGINT: the
+    record is rewritten to name the signal received (`Received SIGINT`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        head, found, number = text.rpartition("Received SIGTERM: ")
+        if found and number.strip().isdigit():
+            record.msg, record.args = f"{head}Received {signal.Signals(int(number)).name}", None
+        return True
+
+
+SIGNAL_NAME = SignalName()
 
 
 class _HashingWriter:
@@ -143,6 +162,14 @@ def read_header(path: str | Path) -> tuple[int, dict[str, Any] | None]:
     (memory-mapped load: only the pickled structure is parsed)."""
     checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     return int(checkpoint.get("llm_pg", {}).get("iteration", 0)), checkpoint.get("llm_pg_config")
+
+
+def stored_data_fingerprint(path: str | Path) -> str | None:
+    """The task-data fingerprint a checkpoint recorded (`PromptGroupDataModule.state_dict`), or None (a synthetic
+    task, or a checkpoint from before fingerprints)."""
+    checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    state = checkpoint.get("PromptGroupDataModule") or {}
+    return state.get("data_fingerprint") if isinstance(state, dict) else None
 
 
 def checkpoint_iteration(path: Path) -> int:
@@ -348,6 +375,7 @@ class IterationCheckpoint(ModelCheckpoint):
             logger.save()
 
     def _install_signal_handlers(self) -> None:
+        logging.getLogger(LIGHTNING_SIGNALS).addFilter(SIGNAL_NAME)
         """SIGINT joins SIGTERM: both let the iteration finish, save it, and stop (exit 130 / 143 from the CLI)."""
         if self._handlers or not hasattr(signal, "SIGTERM"):
             return
@@ -367,6 +395,7 @@ class IterationCheckpoint(ModelCheckpoint):
             self._handlers = {}
 
     def _restore_signal_handlers(self) -> None:
+        logging.getLogger(LIGHTNING_SIGNALS).removeFilter(SIGNAL_NAME)
         for signum, handler in self._handlers.items():
             signal.signal(signum, handler)
         self._handlers = {}

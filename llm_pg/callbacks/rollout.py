@@ -15,8 +15,8 @@ from llm_pg.core.rollout import RolloutBatch, concat_rollouts, derive_seed
 from llm_pg.core.variants import clipped_advantages, truncated_rows, unsettled_rows
 from llm_pg.data.tasks.base import Example, Score, Task
 from llm_pg.engines.vllm import VLLMGeneration
-from llm_pg.models.generation import eos_token_ids
-from llm_pg.runs.guards import scores_or_stop
+from llm_pg.models.generation import PromptTooLong, eos_token_ids
+from llm_pg.runs.guards import prompt_stop, scorer_of, scores_or_stop
 
 
 @dataclass
@@ -135,14 +135,16 @@ def sample_round(
     still 0; prompts numbered from `first_prompt`), the scores, and the seconds the generation alone took."""
     hp = module.hparams
     start = time.perf_counter()
-    sample = module.engine.generate(
-        [task.messages(e) for e in examples], module.sampling(), num_samples=hp.group_size, seed=seed
-    )
+    try:
+        sample = module.engine.generate(
+            [task.messages(e) for e in examples], module.sampling(), num_samples=hp.group_size, seed=seed
+        )
+    except PromptTooLong as error:
+        raise prompt_stop(error, examples, f"iteration {module.iteration_in_progress}'s rollout") from None
     seconds = time.perf_counter() - start
     local_index = [i // hp.group_size for i in range(len(sample.texts))]
-    scores = scores_or_stop(
-        module, task, sample.texts, [examples[i] for i in local_index], module.iteration_in_progress
-    )
+    rows = [examples[i] for i in local_index]
+    scores = scores_or_stop(module, scorer_of(module, task), sample.texts, rows, module.iteration_in_progress)
     mask = completion_mask(sample.completion_ids, eos)
     if hp.overlong_buffer > 0:  # DAPO's soft overlong punishment, a reward component of every task
         lengths = mask.sum(1)  # [N] tokens up to and including EOS

@@ -23,7 +23,8 @@ import torch
 
 from llm_pg.core.rollout import derive_seed, rank_and_world_size
 from llm_pg.data.tasks.base import Example, Score, Task
-from llm_pg.runs.guards import RunStopped, checked_scores, stop_together
+from llm_pg.models.generation import PromptTooLong
+from llm_pg.runs.guards import RunStopped, checked_scores, prompt_stop, scorer_of, stop_together
 
 
 @dataclass
@@ -68,13 +69,18 @@ def _sampled_sums(module: L.LightningModule, task: Task, examples: Sequence[Exam
     sums = {"pass_at_1": 0.0, "pass_at_k": 0.0}
     for start in range(0, len(examples), per_call):
         batch = list(examples[start : start + per_call])
-        texts = module.engine.generate(
-            [task.messages(e) for e in batch],
-            module.sampling(evaluation=True),
-            num_samples=k,
-            seed=derive_seed(hp.seed, module.iteration, rank, start, "eval_samples"),
-        ).texts
-        scores = checked_scores(task, texts, [e for e in batch for _ in range(k)], module.iteration, "evaluation at")
+        try:
+            texts = module.engine.generate(
+                [task.messages(e) for e in batch],
+                module.sampling(evaluation=True),
+                num_samples=k,
+                seed=derive_seed(hp.seed, module.iteration, rank, start, "eval_samples"),
+            ).texts
+        except PromptTooLong as error:
+            raise prompt_stop(error, batch, f"evaluation at iteration {module.iteration}") from None
+        scores = checked_scores(
+            scorer_of(module, task), texts, [e for e in batch for _ in range(k)], module.iteration, "evaluation at"
+        )
         for row in range(len(batch)):  # rows row*k .. row*k+k-1 answer this example
             correct = sum(score.correct for score in scores[row * k : (row + 1) * k])
             sums["pass_at_1"] += pass_at_k(k, correct, 1)
@@ -99,10 +105,15 @@ def _evaluate_shard(module: L.LightningModule, task: Task, examples: Sequence[Ex
     try:
         for start in range(0, len(examples), per_call):
             batch = list(examples[start : start + per_call])
-            texts = module.engine.generate(  # the rollout engine (HF or vLLM), greedy
-                [task.messages(e) for e in batch], module.sampling(evaluation=True).greedy_version()
-            ).texts
-            scores = checked_scores(task, texts, batch, module.iteration, "evaluation at")  # each completion once
+            try:
+                texts = module.engine.generate(  # the rollout engine (HF or vLLM), greedy
+                    [task.messages(e) for e in batch], module.sampling(evaluation=True).greedy_version()
+                ).texts
+            except PromptTooLong as error:
+                raise prompt_stop(error, batch, f"evaluation at iteration {module.iteration}") from None
+            scores = checked_scores(
+                scorer_of(module, task), texts, batch, module.iteration, "evaluation at"
+            )  # each completion once
             shard.completions.extend(texts)
             shard.scores.extend(scores)
             for name, value in task_eval_metrics(task, texts, batch, scores).items():

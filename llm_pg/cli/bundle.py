@@ -96,7 +96,8 @@ def _walk(run_dir: Path, folder: Path, allowed, seen: set[Path]) -> Iterator[Pat
 
 def bundle(run_dirs: Sequence[str | Path], out: str | Path) -> list[str]:
     """Write the zip; returns its entry names. Fails before writing on a missing or unreadable config or a repeated
-    name. Paths that lead out of a run directory are left out, one stderr line each."""
+    name, or an `out` inside a run directory. Paths that lead out of a run directory are left out, one stderr line
+    each."""
     runs: dict[str, Path] = {}
     for run_dir in map(Path, run_dirs):
         for required in ("config.yaml", "metrics.csv"):
@@ -107,6 +108,12 @@ def bundle(run_dirs: Sequence[str | Path], out: str | Path) -> list[str]:
             raise ValueError(f"{run_dir} and {runs[name]} are both run {name!r}")
         runs[name] = run_dir
     out = Path(out)
+    for run_dir in runs.values():
+        if _inside(out, run_dir.resolve()):
+            raise ValueError(
+                f"--out {out} lies inside the run directory {run_dir}, which the bundle reads (the zip would grow into "
+                f"itself or replace the run's files); write it outside, e.g. --out {run_dir.name}.zip"
+            )
     out.parent.mkdir(parents=True, exist_ok=True)
     entries = []
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as archive:

@@ -32,6 +32,7 @@ from llm_pg.callbacks.checkpoint import (
     VerifiedCheckpointIO,
     newest_verified,
     read_header,
+    stored_data_fingerprint,
     usable,
     usable_header,
     verify,
@@ -76,6 +77,43 @@ class OneLineErrorParser(LightningArgumentParser):
         sys.exit(2)
 
 
+def without_flags(args: list[str], flags: tuple[str, ...]) -> list[str]:
+    """`args` without each of `flags` and its value, given as `--flag value` or `--flag=value`."""
+    kept: list[str] = []
+    skip_value = False
+    for word in args:
+        if skip_value:
+            skip_value = False
+        elif word in flags:
+            skip_value = True
+        elif not word.startswith(tuple(f"{flag}=" for flag in flags)):
+            kept.append(word)
+    return kept
+
+
+LIGHTNING_LIMITS = {  # the Trainer arguments that end `fit` early, and the value that sets no limit
+    "max_steps": -1,
+    "max_time": None,
+    "max_epochs": -1,
+    "fast_dev_run": False,
+}
+
+
+def check_no_lightning_limit(trainer: Any, iterations: int) -> None:
+    """Refuse a Lightning limit that would end `fit` before `iterations`: the run would stop with exit 0 and
+    `final/`, looking finished. A run's length is `model.init_args.iterations`; stopping early is SIGTERM's job."""
+    for key, unlimited in LIGHTNING_LIMITS.items():
+        value = trainer.get(key, unlimited)
+        if value in (unlimited, None) or (isinstance(value, int) and value < 0):  # a negative: Lightning's error
+            continue
+        raise ValueError(
+            f"trainer.{key}={value!r} would stop the run before its model.init_args.iterations={iterations} and "
+            f"leave it looking finished; a run's length is model.init_args.iterations: set that, and drop "
+            f"trainer.{key} (to stop a run and continue it later, send SIGTERM or Ctrl-C: it saves, then resume "
+            "with --ckpt_path last)"
+        )
+
+
 class RunInterrupted(Exception):
     """SIGTERM/SIGINT stopped `fit` between iterations, after saving the last finished one."""
 
@@ -98,8 +136,7 @@ class RunSession:
     def interrupted(self, default_signal: int = signal.SIGINT) -> RunInterrupted:
         signum = (self.checkpoint.received_signal if self.checkpoint else None) or default_signal
         name = signal.Signals(signum).name
-        words = [w for w in self.args if not w.startswith(("--ckpt_path", "--overwrite"))]
-        words = [w for i, w in enumerate(words) if i == 0 or words[i - 1] not in ("--ckpt_path", "--overwrite")]
+        words = without_flags(self.args, ("--ckpt_path", "--overwrite"))
         saved = self.checkpoint.saved_iteration if self.checkpoint else None
         where = f"iteration {saved} is saved in last.ckpt" if saved is not None else "no iteration finished"
         message = f"llm-pg: stopped by {name}; {where}. Resume: llm-pg {shlex.join(words)} --ckpt_path last"
@@ -152,6 +189,13 @@ class LLMPGCLI(LightningCLI):
         parser.link_arguments("data.prompts_per_step", "model.init_args.prompts_per_step")
         parser.add_lightning_class_args(IterationCheckpoint, "checkpoint")
 
+    def _parse_ckpt_path(self) -> None:
+        """Lightning copies a checkpoint file's saved hyperparameters over the command line here (`--ckpt_path
+        FILE`), so a run would train with the checkpoint's `lr` and length, not the user's, and the settings check
+        would compare the checkpoint with itself. Not here: the command line is what a run trains with, for a file
+        as for `last`, and `_prepare_run` refuses a checkpoint trained under other settings, naming the keys."""
+        return
+
     def before_instantiate_classes(self) -> None:
         from lightning.pytorch import seed_everything
 
@@ -163,6 +207,7 @@ class LLMPGCLI(LightningCLI):
             config.run_name = default_run_name((config.get("config") or [None])[-1], config.seed)
         config.trainer.default_root_dir = str(checked_run_path(config.runs_root, config.run_name))  # a name, inside
         if self.subcommand == "fit":  # evaluation during fit is the EvalCallback's, by iteration
+            check_no_lightning_limit(config.trainer, config.model.init_args.iterations)
             config.trainer.limit_val_batches = 0
             config.trainer.num_sanity_val_steps = 0
         elif self.subcommand == "validate" and config.ckpt_path is not None:  # a trained run's checkpoint
@@ -195,6 +240,18 @@ class LLMPGCLI(LightningCLI):
                     "trained with, or start a new run (--run_name)"
                 )
         return iteration
+
+    def _check_same_data(self, path: Path) -> None:
+        """RunDirError when the task's data (its fingerprint, `Task.data_fingerprint`) differs from the data the
+        checkpoint was trained on: the rest of the run would train on other rows than its first part."""
+        task = self.datamodule.task
+        stored, current = stored_data_fingerprint(path), task.data_fingerprint()
+        if stored is not None and stored != current:
+            raise RunDirError(
+                f"data.task: the data ({task.data_source()}) is not the data {path} was trained on (its rows' "
+                f"fingerprint {stored[:12]} is now {str(current)[:12]}); resume with the data it was trained on, or "
+                "start a new run (--run_name)"
+            )
 
     def _preflight(self, config) -> None:
         """Before the run dir is touched (the module's and the datamodule's constructors have checked their keys):
@@ -233,6 +290,7 @@ class LLMPGCLI(LightningCLI):
             )
         config.ckpt_path = str(path)
         iteration = self._check_trained_with(path, self.session.run_config)
+        self._check_same_data(path)
         self.session.resume_iteration = iteration
         if owner:
             trim_logs(directory, iteration, final=iteration >= config.model.init_args.iterations)

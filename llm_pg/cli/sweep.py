@@ -114,10 +114,35 @@ def outcome(returncode: int) -> str:
     return f"failed (exit {returncode})"
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (plain YAML keeps the last one
+    silently: a run listed twice would run once, with the second set of overrides)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise ValueError(
+                    f"line {key_node.start_mark.line + 1}: {key!r} is given twice in one mapping (first on line "
+                    f"{seen[key]}); each run name and key once"
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_sweep(path: str | Path) -> dict[str, Any]:
-    """Read and check a sweep file; `name` defaults to the file's stem."""
+    """Read and check a sweep file; `name` defaults to the file's stem. Raises ValueError (one line, naming the
+    file) for a file that cannot be read, is not YAML, or gives a key twice."""
     path = Path(path)
-    sweep = yaml.safe_load(path.read_text())
+    try:
+        sweep = yaml.load(path.read_text(), Loader=UniqueKeyLoader)
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: cannot read the sweep file ({error.__class__.__name__}: {error})") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: not valid YAML ({' '.join(str(error).split())})") from None
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
     if not isinstance(sweep, dict):
         raise ValueError(f"{path}: a sweep file is a mapping with base, seeds and runs")
     return {"name": path.stem, **sweep}
@@ -180,8 +205,11 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--only", help="comma-separated subset of the run names, e.g. reference,kl_coef0.2")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     args, extra = parser.parse_known_args(list(argv))
-    spec = load_sweep(args.file)
-    runs = select(expand(spec), _csv(args.seeds, int), _csv(args.only))
+    try:  # every mistake in the file is one line and exit 2, before any run starts or any directory is made
+        spec = load_sweep(args.file)
+        runs = select(expand(spec), _csv(args.seeds, int), _csv(args.only))
+    except ValueError as error:
+        parser.error(str(error))
     if not runs:
         parser.error(f"--seeds {args.seeds} selects none of the sweep's seeds {spec.get('seeds', [0])}")
     from llm_pg.runs.directory import is_complete  # imports Lightning (seconds): after the arguments parsed

@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
 from llm_pg.core.rollout import rank_and_world_size
+from llm_pg.data.isolation import TaskScorer
 from llm_pg.data.tasks.base import Example, Task
 
 __all__ = ["PromptGroupDataModule"]
@@ -72,23 +73,62 @@ class PromptGroupDataModule(L.LightningDataModule):
         prompts_per_step: prompts per RL iteration (each gets `group_size` completions; the course: 8).
         seed: the run's seed (linked from the top-level `seed`).
         eval_batch_size: eval prompts per batch of `llm-pg validate`.
+        reward_timeout: seconds one completion's scoring may take when the task runs your code (a `Task` of your
+            own, or a `module:function` reward): past it the run stops, naming the row and the line the code was
+            stuck at (`llm_pg.data.isolation`). llm_pg's own checkers take milliseconds on any text.
+        reward_workers: processes that score a task running your code, each call under `reward_timeout` and
+            isolated, so a hang, `sys.exit` or a crash stops the run with one line instead of hanging or ending it
+            (null: min(4, CPUs); 0: score in the trainer's process, with neither). llm_pg's own tasks and rewards
+            always score in-process.
     """
 
-    def __init__(self, task: Task, prompts_per_step: int = 8, seed: int = 0, eval_batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        task: Task,
+        prompts_per_step: int = 8,
+        seed: int = 0,
+        eval_batch_size: int = 64,
+        reward_timeout: float = 30.0,
+        reward_workers: int | None = None,
+    ) -> None:
         super().__init__()
         if prompts_per_step < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
         if eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
+        if not (isinstance(reward_timeout, int | float) and reward_timeout > 0):
+            raise ValueError(f"data.reward_timeout must be > 0 seconds, got {reward_timeout!r}; e.g. 30")
+        if reward_workers is not None and not (isinstance(reward_workers, int) and reward_workers >= 0):
+            raise ValueError(
+                f"data.reward_workers must be an integer >= 0 or null, got {reward_workers!r}; null: min(4, CPUs), "
+                "0: score in the trainer's process"
+            )
         self.task = task
         task.bind_seed(seed)  # a task may derive its eval set from the run's seed (format_copy: seed + 123)
         self.prompts_per_step = prompts_per_step
         self.seed = seed
         self.eval_batch_size = eval_batch_size
+        self.reward_timeout, self.reward_workers = float(reward_timeout), reward_workers
+        self._scorer: TaskScorer | None = None
         self.next_batch = 0
 
     def setup(self, stage: str | None = None) -> None:
         self.task.prepare()  # load task data here, so a missing dataset fails before any rollout
+
+    @property
+    def scorer(self) -> TaskScorer:
+        """How the task's completions are scored (reward workers for your code; `llm_pg.data.isolation`)."""
+        if self._scorer is None:
+            self._scorer = TaskScorer(self.task, self.reward_workers, self.reward_timeout)
+        return self._scorer
+
+    def teardown(self, stage: str | None = None) -> None:
+        if self._scorer is not None:  # the reward workers end with the fit (or validate) that started them
+            self._scorer.close()
+            self._scorer = None
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.teardown()  # a run that stops (a reward that hung, a signal) ends its workers too
 
     def train_stream(self) -> PromptStream:
         rank, world_size = rank_and_world_size(self.trainer)
@@ -117,7 +157,9 @@ class PromptGroupDataModule(L.LightningDataModule):
         self.next_batch = index + 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {"next_batch": self.next_batch, "seed": self.seed, "prompts_per_step": self.prompts_per_step}
+        state = {"next_batch": self.next_batch, "seed": self.seed, "prompts_per_step": self.prompts_per_step}
+        fingerprint = self.task.data_fingerprint()  # the data is part of the run: a resume over other data is refused
+        return state if fingerprint is None else {**state, "data_fingerprint": fingerprint}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for key in ("seed", "prompts_per_step"):

@@ -197,6 +197,7 @@ class VLLMEngine:
                 use_tqdm_on_load=False,  # its progress bar would print past the log file
                 **lora,
             )
+        self.context = max_model_len or getattr(getattr(self.llm, "model_config", None), "max_model_len", None)
 
     @property
     def pad(self) -> int:
@@ -248,7 +249,14 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        encoded = encode_prompts(self.tokenizer, conversations, sampling.max_prompt_tokens, sampling.chat_template)
+        encoded = encode_prompts(
+            self.tokenizer,
+            conversations,
+            sampling.max_prompt_tokens,
+            sampling.chat_template,
+            self.context,
+            sampling.max_new_tokens,
+        )
         prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0)  # [N, P]
         prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0)  # [N, P]
         requests = [

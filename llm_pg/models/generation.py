@@ -58,17 +58,41 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     return sorted(set(ids))
 
 
+class PromptTooLong(ValueError):
+    """A prompt (after `max_prompt_tokens`) leaves no room in the model's context for the completion: raised
+    before any tensor is built, naming the batch row (`row`)."""
+
+    def __init__(self, row: int, tokens: int, context: int, max_new_tokens: int) -> None:
+        self.row, self.tokens = row, tokens
+        super().__init__(
+            f"{tokens} tokens, and with max_new_tokens={max_new_tokens} the model's context of {context} tokens "
+            "leaves room for at most "
+            f"{context - max_new_tokens}; set model.init_args.max_prompt_tokens (each prompt keeps its last tokens) "
+            "or fix the data row"
+        )
+
+
+def context_length(model: PreTrainedModel) -> int | None:
+    """The model's context in tokens (`max_position_embeddings`), or None where its config does not say."""
+    value = getattr(model.config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def encode_prompts(
     tokenizer: PreTrainedTokenizerBase,
     conversations: Sequence[Conversation],
     max_prompt_tokens: int | None = None,
     chat_template: bool = True,
+    context: int | None = None,
+    max_new_tokens: int = 0,
 ) -> dict[str, Tensor]:
     """Left-padded `input_ids`/`attention_mask` `[B, P]` for chat conversations.
 
     With `chat_template` the tokenizer's template adds the generation prompt; without it the turns'
     contents are joined by blank lines (for base models that have no template). Prompts longer than
-    `max_prompt_tokens` keep their last tokens, as the question usually sits at the end.
+    `max_prompt_tokens` keep their last tokens, as the question usually sits at the end. With `context` (the
+    model's, in tokens), a prompt that leaves fewer than `max_new_tokens` of it raises `PromptTooLong` before any
+    tensor is built (a 5 MB data row would otherwise ask for gigabytes of attention).
     """
     if chat_template:
         texts = [
@@ -85,6 +109,9 @@ def encode_prompts(
             stacklevel=2,
         )
         encoded = [ids[-max_prompt_tokens:] for ids in encoded]
+    for row, ids in enumerate(encoded):
+        if context is not None and len(ids) + max_new_tokens > context:
+            raise PromptTooLong(row, len(ids), context, max_new_tokens)
     width = max(len(ids) for ids in encoded)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
@@ -122,7 +149,14 @@ def generate(
     decode steps run through `torch.compile` (`llm_pg.models.decoding.compiled_forward`).
     """
     device = next(model.parameters()).device
-    encoded = encode_prompts(tokenizer, conversations, sampling.max_prompt_tokens, sampling.chat_template)
+    encoded = encode_prompts(
+        tokenizer,
+        conversations,
+        sampling.max_prompt_tokens,
+        sampling.chat_template,
+        context_length(model),
+        sampling.max_new_tokens,
+    )
     prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0).to(device)  # [N, P]
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
     eos = eos_token_ids(model, tokenizer)

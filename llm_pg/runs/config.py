@@ -27,6 +27,8 @@ RESUME_MAY_CHANGE = {
     "model.init_args.group_by_length",
     "model.init_args.eval_batch_size",
     "data.eval_batch_size",
+    "data.reward_timeout",  # how the rewards run, not what they are
+    "data.reward_workers",
     "run_name",
     "runs_root",
     "wandb_project",

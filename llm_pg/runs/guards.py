@@ -2,32 +2,38 @@
 
 A run must never end "complete" after training on garbage. `checked_scores` scores a rollout and stops the run at
 the first completion whose reward (total or a component) is not a finite number, naming the task, the row and the
-value; a task that raises stops it with the task's own traceback frames and the row. `DivergenceGuard` stops the run
-after `max_skipped_iterations` consecutive iterations in which every optimizer step was skipped as non-finite, or at
-once when the loss or a trainable weight is not finite. Either way the run ends with `RunStopped`: no `final/`, no
-`COMPLETE`, exit 1 from the CLI.
+value; a task that raises stops it with the task's own traceback frames and the row, and one that hangs, exits or
+crashes its process (scored in reward workers when it runs user code: `llm_pg.data.isolation`) with what happened.
+`DivergenceGuard` stops the run after `max_skipped_iterations` consecutive iterations in which every optimizer step
+was skipped as non-finite, or at once when the loss or a trainable weight is not finite. Either way the run ends
+with `RunStopped`: no `final/`, no `COMPLETE`, exit 1 from the CLI.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-import traceback
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor
 
-from llm_pg.data.tasks.base import Example, RewardError, Score, Task
-
-OUR_CODE = str(Path(__file__).resolve().parent)
+from llm_pg.data.isolation import Failure, TaskScorer
+from llm_pg.data.tasks.base import Example, Score, Task
+from llm_pg.models.generation import PromptTooLong
 
 
 class RunStopped(RuntimeError):
     """The run cannot go on (non-finite rewards, divergence); the message is what the user reads."""
 
     exit_code = 1
+
+
+def prompt_stop(error: PromptTooLong, examples: Sequence[Example], where: str) -> RunStopped:
+    """The run's stop for a prompt the model's context cannot hold (`PromptTooLong`), naming the example."""
+    text = " ".join(str(examples[error.row].prompt).split())
+    text = repr(text if len(text) <= 80 else text[:77] + "...")
+    return RunStopped(f"the prompt {text} ({where}) has {error}")
 
 
 def _row_text(row: int, iteration: int, example: Example, completion: str, where: str) -> str:
@@ -40,48 +46,67 @@ def _row_text(row: int, iteration: int, example: Example, completion: str, where
     )
 
 
-def _task_frames(error: BaseException) -> str:
-    """The traceback of `error` from the first frame outside this package (the task's or a user's own code)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    theirs = [f for f in frames if not f.filename.startswith(OUR_CODE)] or frames[-1:]
-    start = frames.index(theirs[0])
-    lines = traceback.format_list(frames[start:]) + traceback.format_exception_only(type(error), error)
-    return "".join(lines).rstrip()
-
-
 def checked_scores(
-    task: Task, texts: Sequence[str], examples: Sequence[Example], iteration: int, where: str = "the rollout of"
+    task: Task | TaskScorer,
+    texts: Sequence[str],
+    examples: Sequence[Example],
+    iteration: int,
+    where: str = "the rollout of",
 ) -> list[Score]:
-    """`task.score(texts[i], examples[i])` for every row; RunStopped at the first that raises or is not finite.
-    `where` names the phase in the message ("the rollout of" iteration k, "evaluation at" iteration k)."""
-    name = type(task).__name__
+    """A score for every row (`TaskScorer.score`: in reward worker processes when the task runs user code, else
+    in-process); RunStopped, in one line naming the row, at the first that raised, ended its process, outran the
+    time limit or is not finite. `where` names the phase ("the rollout of" iteration k, "evaluation at" iteration k)."""
+    scorer = task if isinstance(task, TaskScorer) else TaskScorer(task, workers=0)
+    name = type(scorer.task).__name__
     scores = []
-    for row, (text, example) in enumerate(zip(texts, examples, strict=True)):
-
-        def what_row() -> str:
-            return _row_text(row, iteration, example, text, where)  # noqa: B023 (called within this iteration)
-
-        try:
-            score = task.score(text, example)
-        except RewardError as error:
-            raise RunStopped(f"{error}; {what_row()}") from error  # the cause shows under --debug only
-        except Exception as error:
-            raise RunStopped(
-                f"task {name} raised while scoring {what_row()}; rewards must never raise:\n{_task_frames(error)}"
-            ) from error
-        values = {"total": score.total, **{f"component {k!r}": v for k, v in score.components.items()}}
+    for row, (text, example, result) in enumerate(zip(texts, examples, scorer.score(texts, examples), strict=True)):
+        what_row = _row_text(row, iteration, example, text, where)
+        if isinstance(result, Failure):
+            raise RunStopped(_failure_text(name, result, what_row, scorer.timeout))
+        values = {"total": result.total, **{f"component {k!r}": v for k, v in result.components.items()}}
         for what, value in values.items():
             if not (isinstance(value, numbers.Real) and math.isfinite(value)):  # numpy scalars are Real too
                 raise RunStopped(
-                    f"task {name} gave a reward {what} of {value!r} for {what_row()}; "
+                    f"task {name} gave a reward {what} of {value!r} for {what_row}; "
                     "rewards must be finite numbers: fix the task's score (or the reward function that computes it)"
                 )
-        scores.append(score)
+        scores.append(result)
     return scores
 
 
+def _failure_text(name: str, failure: Failure, what_row: str, timeout: float) -> str:
+    if failure.kind == "reward_error":
+        return f"{failure.detail}; {what_row}"
+    if failure.kind == "raised":
+        return f"task {name} raised while scoring {what_row}; rewards must never raise:\n{failure.detail}"
+    if failure.kind == "exit":
+        return (
+            f"task {name} {failure.detail} while scoring {what_row}; a reward must return a number, not end the process"
+        )
+    if failure.kind == "timeout":
+        return (
+            f"task {name} did not return within data.reward_timeout={timeout:g} s while scoring {what_row}, stuck at "
+            f"{failure.detail}; give the checker a time limit of its own (a regex, sympy or a loop can run for ever "
+            "on some text), or raise data.reward_timeout"
+        )
+    return f"task {name}'s reward worker failed while scoring {what_row}: {failure.detail}"
+
+
+def scorer_of(module, task: Task) -> Task | TaskScorer:
+    """The data module's `TaskScorer` of `task` (its reward workers) when the module is in a fit or validate that
+    has one, else `task` itself (scored in-process)."""
+    trainer = getattr(module, "_trainer", None)
+    scorer = getattr(getattr(trainer, "datamodule", None), "scorer", None)
+    return scorer if isinstance(scorer, TaskScorer) and scorer.task is task else task
+
+
 def scores_or_stop(
-    module, task: Task, texts: Sequence[str], examples: Sequence[Example], iteration: int, where: str = "the rollout of"
+    module,
+    task: Task | TaskScorer,
+    texts: Sequence[str],
+    examples: Sequence[Example],
+    iteration: int,
+    where: str = "the rollout of",
 ) -> list[Score]:
     """`checked_scores` on every rank, the stop agreed across ranks (`stop_together`)."""
     try:

@@ -219,6 +219,14 @@ def main(argv: Sequence[str]) -> int:
         help="the group the others are compared with over seeds (default: one named reference, base or baseline)",
     )
     args = parser.parse_args(list(argv))
+    for path in args.runs:  # outputs never land inside what the report reads
+        if Path(args.out).resolve().is_relative_to(Path(path).resolve()):
+            print(
+                f"llm-pg report: error: --out {args.out} lies inside {path}, which the report reads; write it "
+                "outside, e.g. --out reports/NAME",
+                file=sys.stderr,
+            )
+            return 2
     try:
         report, summary = write_report(args.runs, args.out, args.samples, args.smooth, reference=args.reference)
     except (ValueError, OSError) as error:  # a missing folder or reference: one line, not a traceback

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +79,16 @@ class Task(ABC):
         """Load whatever the task needs (data files) now; a no-op for synthetic tasks."""
         return None
 
+    def data_fingerprint(self) -> str | None:
+        """A digest of the data the task reads beyond its config (`examples_digest` of its train rows and eval
+        set), recorded in checkpoints: a resume over changed data is refused. None (the default): the task's
+        examples are a function of its config and the seed (synthetic tasks), which the settings check covers."""
+        return None
+
+    def data_source(self) -> str:
+        """Where the task's data comes from, for messages (the files, or the dataset's name)."""
+        return type(self).__name__
+
     @cached_property
     def eval_examples(self) -> list[Example]:
         return self.build_eval_set()
@@ -107,3 +119,14 @@ class Task(ABC):
             "exact_match": sum(s.correct for s in scores) / n,
             "reward": sum(s.total for s in scores) / n,
         }
+
+
+def examples_digest(*example_lists: list[Example]) -> str:
+    """sha256 over every example's prompt, answer and metadata, list by list, in order."""
+    digest = hashlib.sha256()
+    for examples in example_lists:
+        digest.update(f"[{len(examples)}]".encode())
+        for example in examples:
+            row = [example.prompt, example.answer, dict(example.fields)]
+            digest.update(json.dumps(row, sort_keys=True, default=repr).encode())
+    return digest.hexdigest()

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
-from llm_pg.data.tasks.base import Example, Score, Task
+from llm_pg.data.tasks.base import Example, Score, Task, examples_digest
 from llm_pg.data.tasks.math_data import load_split
 from llm_pg.data.tasks.rewards import resolve_rewards
 from llm_pg.data.user_code import find_file, lookup_dirs
@@ -214,6 +214,12 @@ class DatasetTask(Task):
         random.Random(f"dataset-eval:{seed}").shuffle(order)
         held = set(order[: self.eval_size])
         return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
+
+    def data_fingerprint(self) -> str | None:
+        return examples_digest(self.train_examples, self.eval_examples)
+
+    def data_source(self) -> str:
+        return repr(self.data_files if self.data_files is not None else self.dataset)
 
     @property
     def train_examples(self) -> list[Example]:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 
 from llm_pg.data.tasks.answers import boxed_number, extract_boxed, gold_value, last_number
-from llm_pg.data.tasks.base import Example, Score, Task
+from llm_pg.data.tasks.base import Example, Score, Task, examples_digest
 from llm_pg.data.tasks.math_data import DataFileError, DatasetUnavailableError, filter_rows, load_split
 
 __all__ = [
@@ -159,6 +159,12 @@ class MathHardTask(BoxedAnswerTask):
     @cached_property
     def train_examples(self) -> list[Example]:
         return self._load(self.train_split)
+
+    def data_fingerprint(self) -> str | None:
+        return examples_digest(self.train_examples, self.eval_examples)
+
+    def data_source(self) -> str:
+        return repr(self.data_files if self.data_files is not None else self.dataset)
 
     def build_eval_set(self) -> list[Example]:
         return self._load(self.eval_split)[: self.eval_size]

@@ -110,6 +110,15 @@ class Reward:
         return Score(total=float(total), correct=float(total) >= CORRECT_AT - _TOLERANCE)
 
 
+def import_failure(error: BaseException) -> str:
+    """Where and why importing a user's module failed, in one line: `file:line: Type: message`."""
+    if isinstance(error, SyntaxError):
+        return f"{error.filename}:{error.lineno}: {type(error).__name__}: {error.msg}"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
+    where = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    return f"{where}{type(error).__name__}: {' '.join(str(error).split())}"
+
+
 def _import_function(entry: str) -> Callable[[str, Example], float | Score]:
     """The function `entry` ("pkg.module:function") names, or a one-line ValueError saying what is missing."""
     module_name, _, attribute = entry.partition(":")
@@ -119,11 +128,13 @@ def _import_function(entry: str) -> Callable[[str, Example], float | Score]:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if err.name is None or not (module_name == err.name or module_name.startswith(err.name + ".")):
-            raise  # the module exists but imports something missing: its own traceback says what
+            raise ValueError(f"reward '{entry}': importing {module_name} failed: {import_failure(err)}") from None
         raise ValueError(
             f"reward '{entry}': no module '{module_name}' beside the config, in the working directory or on "
             "sys.path (llm_pg.data.user_code)"
         ) from None
+    except Exception as err:  # a syntax error, or the module's own code raising at import
+        raise ValueError(f"reward '{entry}': importing {module_name} failed: {import_failure(err)}") from None
     fn = getattr(module, attribute, None)
     if not callable(fn):
         where = getattr(module, "__file__", module_name)
