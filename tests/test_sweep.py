@@ -180,3 +180,14 @@ def test_a_bad_sweep_file_is_one_line_and_exit_2_before_anything_runs(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert stopped.value.code == 2 and message in err[-1], err
     assert "Traceback" not in "\n".join(err) and not (tmp_path / "runs").exists()
+
+
+def test_yaml_merge_keys_still_work_and_an_override_is_not_a_repeat(tmp_path):
+    sweep_file = tmp_path / "merged.yaml"
+    sweep_file.write_text(
+        "base: configs/tiny/format_copy_grpo.yaml\n"
+        "common: &common {model.init_args.lr: 0.1, model.init_args.kl_coef: 0.0}\n"
+        "runs:\n  a: {<<: *common}\n  b: {<<: *common, model.init_args.lr: 0.2}\n"
+    )
+    spec = load_sweep(sweep_file)
+    assert spec["runs"]["b"] == {"model.init_args.lr": 0.2, "model.init_args.kl_coef": 0.0}

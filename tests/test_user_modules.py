@@ -7,8 +7,10 @@ import sys
 import time
 
 import pytest
+from conftest import DigitTask
 
 from llm_pg.data import user_code
+from llm_pg.data.tasks.base import Example
 from llm_pg.data.user_code import add_config_dirs, config_files, find_file, lookup_dirs
 
 SMALL = [  # 2 prompts x 4 completions of 8 tokens, one iteration, no W&B
@@ -178,6 +180,7 @@ def test_a_data_problem_is_one_line_before_training(tmp_path, capsys, fresh_path
     assert not (tmp_path / "runs" / "run").exists()  # before the run directory is made
 
 
+@pytest.mark.slow
 def test_resuming_over_edited_data_is_refused_naming_the_data(tmp_path, monkeypatch, capsys, fresh_path):
     (tmp_path / "elsewhere").mkdir()
     body = "def score(completion, example):\n    return 0.8 if example.answer in completion else 0.0\n"
@@ -221,6 +224,7 @@ ISOLATED = {  # reward functions that hang, exit or crash their process: each st
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ISOLATED)
 def test_a_reward_that_hangs_exits_or_crashes_stops_the_run_in_one_line(tmp_path, capsys, fresh_path, module):
     (tmp_path / "elsewhere").mkdir()
@@ -259,3 +263,36 @@ def test_a_reward_module_that_fails_to_import_is_one_line_naming_file_and_line(
     errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith("llm-pg: error: "), errors
     assert "reward 'broken_rewards:score': importing broken_rewards failed: " in errors[0] and problem in errors[0]
+
+
+class UnloadableTask(DigitTask):
+    """A task whose copy cannot be rebuilt in a worker (its data stayed behind)."""
+
+    def __setstate__(self, state):
+        raise ValueError("the data file is not here")
+
+
+class ExitOnFirstTask(DigitTask):
+    def score(self, completion, example):
+        if example.prompt.endswith(":0"):
+            raise SystemExit(3)
+        return super().score(completion, example)
+
+
+def test_workers_report_a_task_they_cannot_load_and_stop_scoring_after_a_failure():
+    from llm_pg.data.isolation import Failure, TaskScorer
+
+    examples = [Example(prompt=f"Say digits 0:{i}", answer="") for i in range(6)]
+    scorer = TaskScorer(UnloadableTask(), workers=1, timeout=5)
+    try:
+        first, *rest = scorer.score(["1"] * 6, examples)
+    finally:
+        scorer.close()
+    assert first == Failure("died", "the reward worker could not load the task: ValueError: the data file is not here")
+    assert {r.kind for r in rest} == {"skipped"}
+    scorer = TaskScorer(ExitOnFirstTask(), workers=1, timeout=5)
+    try:
+        results = scorer.score(["1"] * 6, examples)
+    finally:
+        scorer.close()
+    assert results[0] == Failure("exit", "called sys.exit(3)") and {r.kind for r in results[1:]} == {"skipped"}

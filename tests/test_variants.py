@@ -145,6 +145,7 @@ def _trained_indices(run_dir) -> list[list[int]]:
     return [by_iteration[k] for k in sorted(by_iteration)]
 
 
+@pytest.mark.slow
 def test_refill_trains_every_iteration_on_prompts_per_step_groups_and_resumes_bitwise(tmp_path, random_model_dir):
     # 2 prompts per batch; only stream indices 0, 3, 6, ... have reward spread, so batches hold 1, 1, 0, 1, 1, 0, ...
     # groups worth training on: iteration 1 samples batches 0-1, iteration 2 batches 2-4, and so on.

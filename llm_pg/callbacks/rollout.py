@@ -16,7 +16,7 @@ from llm_pg.core.variants import clipped_advantages, truncated_rows, unsettled_r
 from llm_pg.data.tasks.base import Example, Score, Task
 from llm_pg.engines.vllm import VLLMGeneration
 from llm_pg.models.generation import PromptTooLong, eos_token_ids
-from llm_pg.runs.guards import prompt_stop, scorer_of, scores_or_stop
+from llm_pg.runs.guards import prompt_stop, scorer_of, scores_or_stop, stop_together
 
 
 @dataclass
@@ -135,12 +135,15 @@ def sample_round(
     still 0; prompts numbered from `first_prompt`), the scores, and the seconds the generation alone took."""
     hp = module.hparams
     start = time.perf_counter()
+    where = f"iteration {module.iteration_in_progress}'s rollout"
     try:
         sample = module.engine.generate(
             [task.messages(e) for e in examples], module.sampling(), num_samples=hp.group_size, seed=seed
         )
+        failure = None
     except PromptTooLong as error:
-        raise prompt_stop(error, examples, f"iteration {module.iteration_in_progress}'s rollout") from None
+        failure = prompt_stop(error, examples, where)
+    stop_together(module, failure, where)  # under DDP the other ranks stop too, instead of waiting in a collective
     seconds = time.perf_counter() - start
     local_index = [i // hp.group_size for i in range(len(sample.texts))]
     rows = [examples[i] for i in local_index]

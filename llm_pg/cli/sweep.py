@@ -121,7 +121,13 @@ class UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: the merged keys may be overridden here
+                continue
             key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                break  # the safe loader refuses it itself (a YAMLError: one line)
             if key in seen:
                 raise ValueError(
                     f"line {key_node.start_mark.line + 1}: {key!r} is given twice in one mapping (first on line "

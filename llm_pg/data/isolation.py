@@ -35,6 +35,7 @@ from pathlib import Path
 from llm_pg.data.tasks.base import Example, RewardError, Score, Task
 
 GRACE_SECONDS = 5.0  # after the watchdog's time: the parent kills a worker that is still alive
+START_SECONDS = 120.0  # a worker's spawn and imports (torch, sympy, the user's modules), before any time limit
 THIS_FILE = str(Path(__file__).resolve())
 OUR_CODE = str(Path(__file__).resolve().parents[1])  # llm_pg/
 
@@ -43,7 +44,8 @@ OUR_CODE = str(Path(__file__).resolve().parents[1])  # llm_pg/
 class Failure:
     """Why one completion has no score: `kind` is `raised` (an exception; `detail` holds its traceback from the
     first frame outside llm_pg), `reward_error` (a `RewardError`: `detail` is its message), `exit` (sys.exit or
-    KeyboardInterrupt), `timeout` (`detail`: where it was stuck) or `died` (the worker process ended)."""
+    KeyboardInterrupt), `timeout` (`detail`: where it was stuck), `died` (the worker process ended, or could not load
+    the task) or `skipped` (not scored, because an earlier row failed)."""
 
     kind: str
     detail: str
@@ -92,8 +94,16 @@ def _stuck_at(dump: str) -> str:
 
 def _serve(conn: Connection, task_bytes: bytes, timeout: float, dump_path: str) -> None:
     """A worker: score `(row, completion, example)` requests until None; the watchdog ends a call past `timeout`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle, not each worker's
-    task = pickle.loads(task_bytes)
+    # Ctrl-C and SIGTERM (sent to the whole process group by a scheduler) are the trainer's to handle: it finishes
+    # the iteration, saves and ends its workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        task = pickle.loads(task_bytes)  # imports the task's module and the user's reward modules
+    except BaseException as error:
+        conn.send(("failed", f"{type(error).__name__}: {' '.join(str(error).split())}"))
+        return
+    conn.send(("ready", None))  # the time limit counts from here, not from the spawn
     with open(dump_path, "w") as dump:
         while True:
             try:
@@ -112,6 +122,7 @@ def _serve(conn: Connection, task_bytes: bytes, timeout: float, dump_path: str) 
 class _Worker:
     def __init__(self, context, task_bytes: bytes, timeout: float, folder: str, index: int) -> None:
         self.dump_path = os.path.join(folder, f"worker{index}.txt")
+        Path(self.dump_path).unlink(missing_ok=True)  # no earlier worker's dump can be read as this one's
         self.conn, child = context.Pipe()
         self.process = context.Process(
             target=_serve, args=(child, task_bytes, timeout, self.dump_path), daemon=True, name=f"llm-pg-reward-{index}"
@@ -120,6 +131,22 @@ class _Worker:
         child.close()
         self.row: int | None = None  # the row it is scoring
         self.deadline = 0.0
+        self.loaded = False
+
+    def ready(self, seconds: float) -> str | None:
+        """Wait (at most `seconds`, once) until the worker has loaded the task: None, or why it could not."""
+        if self.loaded:
+            return None
+        if not self.conn.poll(seconds):
+            return f"the reward worker did not load the task within {seconds:g} s"
+        try:
+            status, detail = self.conn.recv()
+        except (EOFError, OSError):
+            status, detail = "failed", f"it ended while loading (exit code {self.process.exitcode})"
+        if status != "ready":
+            return f"the reward worker could not load the task: {detail}"
+        self.loaded = True
+        return None
 
     def stop(self, kill: bool = False) -> None:
         if kill and self.process.is_alive():
@@ -174,24 +201,30 @@ class RewardWorkers:
             self.workers.append(_Worker(context, self._task_bytes, self.timeout, self._folder.name, len(self.workers)))
 
     def score(self, completions: Sequence[str], examples: Sequence[Example]) -> list[Score | Failure]:
-        """One result per completion, in order. Every completion is scored (the failures too: a caller sees all)."""
+        """One result per completion, in order. After the first failure no further row is sent (the rows already
+        being scored finish): the rows left get `Failure("skipped", ...)`, since the run stops at the first."""
         self._start()
         results: list[Score | Failure | None] = [None] * len(completions)
         pending = deque(range(len(completions)))
         idle = list(self.workers)
         busy: dict[Connection, _Worker] = {}
-        restarts = 0
+
+        def fail(row: int, failure: Failure) -> None:
+            results[row] = failure
+            while pending:  # nothing more is sent: the run stops at this failure
+                results[pending.popleft()] = Failure("skipped", "not scored: an earlier row failed")
+
         while pending or busy:
             while pending and idle:
                 worker, row = idle.pop(), pending.popleft()
-                try:
-                    worker.conn.send((row, completions[row], examples[row]))
-                except OSError:  # it ended while idle (killed from outside): a fresh one takes the row
-                    restarts += 1
-                    if restarts > 2 * self.size:  # workers that die at start (the task does not unpickle there)
-                        results[row] = Failure("died", "the reward workers end as they start (see their stderr)")
-                    else:
-                        pending.appendleft(row)
+                problem = worker.ready(START_SECONDS)  # the time limit counts from the task's load, not the spawn
+                if problem is None:
+                    try:
+                        worker.conn.send((row, completions[row], examples[row]))
+                    except OSError:  # it ended while idle (killed from outside)
+                        problem = f"the reward worker ended while idle (exit code {worker.process.exitcode})"
+                if problem is not None:
+                    fail(row, Failure("died", problem))
                     idle.append(self._replace(worker))
                     continue
                 worker.row, worker.deadline = row, time.monotonic() + self.timeout + GRACE_SECONDS
@@ -204,17 +237,20 @@ class RewardWorkers:
                 try:
                     _, result = conn.recv()
                 except (EOFError, OSError):  # the process ended: the watchdog's exit, os._exit, a crash
-                    results[worker.row] = self._ended(worker)
+                    fail(worker.row, self._ended(worker))
                     idle.append(self._replace(worker))
                     continue
-                results[worker.row] = result
+                if isinstance(result, Failure):
+                    fail(worker.row, result)
+                else:
+                    results[worker.row] = result
                 idle.append(worker)
             now = time.monotonic()
             for conn, worker in list(busy.items()):
                 if now >= worker.deadline:  # alive past the watchdog's time and the grace: killed
                     del busy[conn]
                     worker.stop(kill=True)
-                    results[worker.row] = Failure("timeout", _stuck_at(worker.dump()))
+                    fail(worker.row, Failure("timeout", _stuck_at(worker.dump())))
                     idle.append(self._replace(worker))
         return results  # type: ignore[return-value]
 

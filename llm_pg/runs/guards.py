@@ -58,11 +58,15 @@ def checked_scores(
     time limit or is not finite. `where` names the phase ("the rollout of" iteration k, "evaluation at" iteration k)."""
     scorer = task if isinstance(task, TaskScorer) else TaskScorer(task, workers=0)
     name = type(scorer.task).__name__
+    results = scorer.score(texts, examples)
+    failed = [row for row, result in enumerate(results) if isinstance(result, Failure) and result.kind != "skipped"]
+    if failed:  # the first row that failed (rows after it may not have been scored at all)
+        row = failed[0]
+        what_row = _row_text(row, iteration, examples[row], texts[row], where)
+        raise RunStopped(_failure_text(name, results[row], what_row, scorer.timeout))
     scores = []
-    for row, (text, example, result) in enumerate(zip(texts, examples, scorer.score(texts, examples), strict=True)):
+    for row, (text, example, result) in enumerate(zip(texts, examples, results, strict=True)):
         what_row = _row_text(row, iteration, example, text, where)
-        if isinstance(result, Failure):
-            raise RunStopped(_failure_text(name, result, what_row, scorer.timeout))
         values = {"total": result.total, **{f"component {k!r}": v for k, v in result.components.items()}}
         for what, value in values.items():
             if not (isinstance(value, numbers.Real) and math.isfinite(value)):  # numpy scalars are Real too
