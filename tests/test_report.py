@@ -311,6 +311,7 @@ def csv_rows(run_dir) -> list[dict]:
         return [{k: float(v) for k, v in row.items() if v} for row in csv.DictReader(f)]
 
 
+@pytest.mark.slow
 def test_report_of_real_runs_writes_pngs_and_a_table_matching_the_csvs(swept, tmp_path):
     runs = swept / "runs" / "mini"
     assert report.main([str(runs), "--out", str(tmp_path / "report")]) == 0

@@ -63,6 +63,7 @@ def test_a_finished_run_is_not_overwritten_and_overwrite_moves_it_aside(tmp_path
     assert not list(tmp_path.rglob("*-v1*")), "ModelCheckpoint's versioning must never trigger"
 
 
+@pytest.mark.slow
 def test_a_second_process_on_the_same_run_dir_fails_at_once_and_a_dead_ones_lock_is_free(tmp_path, random_model_dir):
     run = tmp_path / "run"
     run.mkdir()
@@ -95,6 +96,7 @@ def test_only_rank_zero_owns_the_run(monkeypatch, tmp_path):
     RunLock.acquire(tmp_path).release()  # released means free again, in this process too
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_saves_the_iteration_exits_nonzero_and_the_resume_matches_an_uninterrupted_run(
     tmp_path, random_model_dir, signum, code
@@ -120,6 +122,7 @@ def test_a_signal_saves_the_iteration_exits_nonzero_and_the_resume_matches_an_un
     assert generations(run) == generations(tmp_path / "straight" / "run")
 
 
+@pytest.mark.slow
 def test_resume_skips_damaged_checkpoints_and_replays_each_iteration_once(tmp_path, random_model_dir, capsys):
     common = ["--model.init_args.iterations=3", "--checkpoint.every_n_iterations=1", "--checkpoint.keep_last=2"]
     fit(tmp_path, random_model_dir, *common, *DIGITS)
@@ -352,6 +355,7 @@ def test_last_ckpt_every_n_iterations_flushes_every_iteration_and_saves_on_signa
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", ["sigterm", "crash"])
 def test_a_sparse_last_ckpt_resumes_into_the_uninterrupted_run(tmp_path, random_model_dir, stop):
     # last.ckpt every 2 iterations, stopped after iteration 3: SIGTERM still saves iteration 3; a crash leaves

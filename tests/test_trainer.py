@@ -114,6 +114,7 @@ def _generations(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(tmp_path, random_model_dir):
     common = [*DIGITS, "--checkpoint.every_n_iterations=1"]
     straight = fit(tmp_path / "a", random_model_dir, "--model.init_args.iterations=4", *common).model

@@ -299,6 +299,7 @@ def _step_gradients(monkeypatch) -> list[torch.Tensor]:
     return grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["grpo", "reinforce"])
 def test_token_mean_under_accumulation_equals_one_micro_batch(tmp_path, eos_model_dir, monkeypatch, algorithm):
     # One optimizer step over the same 8 rows (same seed: same rollout) of varied lengths, split 4 x 2 rows or taken as
