@@ -95,6 +95,16 @@ def eos_model_dir(random_model_dir, tmp_path_factory) -> str:
     return str(out)
 
 
+# The environment of a test's `llm-pg fit` subprocess (DDP, FSDP2, two nodes): the test modules importable, offline.
+SUBPROCESS_ENV = {
+    "PYTHONPATH": str(ROOT / "tests"),
+    "PATH": "/usr/bin:/bin",
+    "WANDB_MODE": "disabled",
+    "HF_HUB_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+}
+
+
 def fit(tmp_path: Path, model_dir: str, *overrides: str, config: str = "configs/tiny/format_copy_grpo.yaml"):
     """Run `llm-pg fit` in-process on `model_dir` with small settings; returns the LightningCLI object."""
     from llm_pg.cli.fit import run_cli

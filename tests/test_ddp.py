@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, fit
+from conftest import ROOT, SUBPROCESS_ENV, fit
 from lightning.pytorch.callbacks import Callback
 from transformers import AutoModelForCausalLM
 
@@ -126,13 +126,7 @@ def _eval_rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "eval" / "iter_00000.jsonl").read_text().splitlines()]
 
 
-ENV = {
-    "PYTHONPATH": str(ROOT / "tests"),
-    "PATH": "/usr/bin:/bin",
-    "WANDB_MODE": "disabled",
-    "HF_HUB_OFFLINE": "1",
-    "OMP_NUM_THREADS": "1",
-}
+ENV = SUBPROCESS_ENV
 
 
 def ddp_command(tmp_path: Path, model_dir: str, *extra: str) -> list[str]:

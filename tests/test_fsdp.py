@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, fit
+from conftest import ROOT, SUBPROCESS_ENV, fit
 from test_ddp import COMMON, RolloutRecorder, _eval_rows, _train_rows
 from transformers import AutoModelForCausalLM
 
@@ -56,13 +56,7 @@ def fit_command(tmp_path: Path, model_dir: str, run_name: str, *extra: str) -> l
 def run_processes(commands: list[tuple[list[str], dict[str, str]]], timeout: float = TIMEOUT_S) -> None:
     """Start every (command, extra env) at once, each in its own process group, and wait for all; on a timeout kill
     every group (Lightning's launcher starts the other ranks as children) and fail."""
-    base = {
-        "PYTHONPATH": str(ROOT / "tests"),
-        "PATH": "/usr/bin:/bin",
-        "WANDB_MODE": "disabled",
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-    }
+    base = dict(SUBPROCESS_ENV)
     children = [
         subprocess.Popen(
             command,
