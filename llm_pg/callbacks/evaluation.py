@@ -20,11 +20,13 @@ from llm_pg.runs.directory import run_dir
 
 
 def write_eval_rows(out: Path, examples: Sequence[Example], evaluation: Evaluation, append: bool = False) -> list[dict]:
-    """One JSON line per eval completion (prompt, gold answer, completion, reward, correct) into `out`; the rows."""
+    """One JSON line per eval completion (prompt, gold answer, completion, reward, correct) into `out`; the rows. A
+    tool task's completion is its transcript: the model's turns and the observations, with the turn boundaries."""
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
+    shown = evaluation.transcripts or evaluation.completions
     with out.open("a" if append else "w") as f:
-        for example, completion, score in zip(examples, evaluation.completions, evaluation.scores, strict=True):
+        for example, completion, score in zip(examples, shown, evaluation.scores, strict=True):
             row = {"prompt": example.prompt, "answer": example.answer, "completion": completion}
             rows.append(row | {"reward": score.total, "correct": score.correct})
             f.write(json.dumps(rows[-1]) + "\n")

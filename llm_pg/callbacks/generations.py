@@ -18,6 +18,7 @@ from llm_pg.runs.directory import run_dir
 # `iteration` first: `llm_pg.runs.logs.trim_logs` reads it to drop the rows a resume replays.
 LEADING = ["iteration", "prompt", "answer", "completion", "reward"]
 TRAILING = ["correct", "advantage", "length", "truncated"]
+EPISODE = ["turns", "tool_calls"]  # a tool task's rows
 
 
 def table_rows(
@@ -35,21 +36,32 @@ def table_rows(
     Per completion: the prompt and its gold answer, the completion text, its reward and one `reward_<component>`
     column per reward term, `correct`, the advantage the update used, `length` (completion tokens up to and
     including the first EOS, whatever `mask_truncated` did to the mask) and `truncated` (no EOS: it reached
-    `max_new_tokens`)."""
+    `max_new_tokens`).
+
+    A tool task's rows (episodes) show the transcript as the completion (the model's turns and the observations,
+    with the chat template's turn boundaries), `length` counts the whole region (turns and observations), and two
+    more columns give the model's `turns` and the `tool_calls` run."""
     count = min(len(rollout), max(group_size, max_rows // group_size * group_size))
     ids = rollout.completion_ids[:count]  # [n, C]
-    lengths = completion_mask(ids, eos).sum(1).tolist()  # [n]
-    has_eos = [any(token in eos for token in row) for row in ids.tolist()]
+    episodes = rollout.turns is not None
+    if episodes:
+        lengths = rollout.attention_mask[:count, rollout.prompt_len :].sum(1).tolist()  # [n]
+        truncated = rollout.truncated[:count].tolist()
+    else:
+        lengths = completion_mask(ids, eos).sum(1).tolist()  # [n]
+        truncated = [not any(token in eos for token in row) for row in ids.tolist()]
     components = list(scores[0].components) if scores else []
-    columns = LEADING + [f"reward_{name}" for name in components] + TRAILING
+    columns = LEADING + [f"reward_{name}" for name in components] + TRAILING + (EPISODE if episodes else [])
+    shown = rollout.transcripts if episodes else rollout.texts
     rows = []
     for i in range(count):
         example = examples[rollout.prompt_index[i]]
         score = scores[i]
         rows.append(
-            [iteration, example.prompt, example.answer, rollout.texts[i], float(score.total)]  # the task's value
+            [iteration, example.prompt, example.answer, shown[i], float(score.total)]  # the task's value
             + [float(score.components.get(name, 0.0)) for name in components]
-            + [bool(score.correct), float(rollout.advantages[i]), int(lengths[i]), not has_eos[i]]
+            + [bool(score.correct), float(rollout.advantages[i]), int(lengths[i]), bool(truncated[i])]
+            + ([int(rollout.turns[i]), int(rollout.tool_calls[i])] if episodes else [])
         )
     return columns, rows
 

@@ -9,14 +9,16 @@ from dataclasses import dataclass, field
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch import Tensor
 
 from llm_pg.core.losses import completion_mask, overlong_penalty, settled_groups
 from llm_pg.core.rollout import RolloutBatch, concat_rollouts, derive_seed
 from llm_pg.core.variants import clipped_advantages, truncated_rows, unsettled_rows
 from llm_pg.data.tasks.base import Example, Score, Task
+from llm_pg.engines.episodes import EpisodeGeneration, generate_for
 from llm_pg.engines.vllm import VLLMGeneration
 from llm_pg.models.generation import PromptTooLong, eos_token_ids
-from llm_pg.runs.guards import prompt_stop, scorer_of, scores_or_stop, stop_together
+from llm_pg.runs.guards import RunStopped, prompt_stop, scorer_of, scores_or_stop, stop_together
 
 
 @dataclass
@@ -136,36 +138,63 @@ def sample_round(
     hp = module.hparams
     start = time.perf_counter()
     where = f"iteration {module.iteration_in_progress}'s rollout"
+    failure = None
     try:
-        sample = module.engine.generate(
-            [task.messages(e) for e in examples], module.sampling(), num_samples=hp.group_size, seed=seed
+        sample = generate_for(
+            module,
+            task,
+            examples,
+            module.sampling(),
+            num_samples=hp.group_size,
+            seed=seed,
+            where=f"{where} iteration {module.iteration_in_progress}",
         )
-        failure = None
     except PromptTooLong as error:
         failure = prompt_stop(error, examples, where)
+    except RunStopped as stop:  # a tool of a tool task failed
+        failure = stop
     stop_together(module, failure, where)  # under DDP the other ranks stop too, instead of waiting in a collective
     seconds = time.perf_counter() - start
     local_index = [i // hp.group_size for i in range(len(sample.texts))]
     rows = [examples[i] for i in local_index]
     scores = scores_or_stop(module, scorer_of(module, task), sample.texts, rows, module.iteration_in_progress)
-    mask = completion_mask(sample.completion_ids, eos)
+    episodes = isinstance(sample, EpisodeGeneration)
+    if episodes:  # the masks come with the episodes: never inferred from ids
+        mask, attention = sample.loss_mask, sample.attention
+    else:
+        mask = completion_mask(sample.completion_ids, eos)
+        attention = mask.long()
     if hp.overlong_buffer > 0:  # DAPO's soft overlong punishment, a reward component of every task
-        lengths = mask.sum(1)  # [N] tokens up to and including EOS
+        lengths = attention.sum(1)  # [N] tokens up to and including EOS (an episode's: its whole region)
         penalty = overlong_penalty(lengths, hp.max_new_tokens, hp.overlong_buffer, hp.overlong_penalty)
         scores = with_component(scores, "overlong", penalty.tolist())
     rewards = torch.tensor([s.total for s in scores], dtype=torch.float32, device=sample.completion_ids.device)
+    sampled = sample.sampled_logprobs if isinstance(sample, VLLMGeneration | EpisodeGeneration) else None
     rollout = RolloutBatch(
         input_ids=torch.cat([sample.prompt_ids, sample.completion_ids], dim=1),
-        attention_mask=torch.cat([sample.prompt_mask, mask.long()], dim=1),
+        attention_mask=torch.cat([sample.prompt_mask, attention.long()], dim=1),
         completion_mask=mask,
         rewards=rewards,
         advantages=torch.zeros_like(rewards),  # set by apply_variants, on the rows that are kept
         prompt_len=sample.prompt_ids.shape[1],
         texts=sample.texts,
         prompt_index=[first_prompt + i for i in local_index],
-        sampled_logp=sample.sampled_logprobs if isinstance(sample, VLLMGeneration) else None,
+        sampled_logp=sampled,
+        **(episode_fields(sample) if episodes else {}),
     )
     return rollout, scores, seconds
+
+
+def episode_fields(sample: EpisodeGeneration) -> dict:
+    """The per-row episode statistics a `RolloutBatch` carries, on the rollout's device."""
+    device = sample.completion_ids.device
+    fields = {name: getattr(sample, name).to(device) for name in ("truncated", "turns", "tool_calls", "tool_errors")}
+    return fields | {"transcripts": sample.transcripts}
+
+
+def row_truncated(rollout: RolloutBatch, eos: list[int]) -> Tensor:
+    """`[N]` bool: rows whose completion ran out of tokens (an episode's last turn; else no EOS at all)."""
+    return rollout.truncated if rollout.truncated is not None else truncated_rows(rollout.completion_ids, eos)
 
 
 def apply_variants(
@@ -188,7 +217,7 @@ def apply_variants(
     # Mean |A| over the rows the update sees: how much signal the rollout carries (0 when every group is settled).
     metrics["train/advantage_abs_mean"] = rollout.advantages.abs().mean().item() if len(rollout) else 0.0
     if hp.mask_truncated:
-        truncated = truncated_rows(rollout.completion_ids, eos)
+        truncated = row_truncated(rollout, eos)
         rollout.completion_mask = rollout.completion_mask & ~truncated.unsqueeze(1)  # [N, C]
         metrics["train/masked_truncated"] = float(truncated.sum())
     return rollout, scores, metrics
@@ -211,7 +240,7 @@ def rollout_metrics(
     """
     rewards = rollout.rewards
     lengths = rollout.completion_mask.sum(1).float()  # [N]
-    truncated = truncated_rows(rollout.completion_ids, eos)  # [N]: no EOS
+    truncated = row_truncated(rollout, eos)  # [N]: no EOS
     metrics = {
         "train/reward": rewards.mean().item(),
         "train/reward_std": rewards.std(unbiased=False).item(),
@@ -228,4 +257,19 @@ def rollout_metrics(
         metrics[f"train/reward_{name}_std"] = values.std(unbiased=False).item()
     if sampling_seconds is not None and sampling_seconds > 0:
         metrics["time/tokens_per_s"] = lengths.sum().item() / sampling_seconds
+    if rollout.turns is not None:  # a tool task's episodes
+        metrics |= episode_metrics(rollout, "train/")
     return metrics
+
+
+def episode_metrics(rollout: RolloutBatch, prefix: str) -> dict[str, float]:
+    """Means over the rows of a rollout of episodes: model `turns`, `tool_calls` run, `tool_errors` (calls answered
+    with an error observation), `tool_call_rate` (the share of rows with a call) and `context_len` (the real tokens
+    of prompt and completion region, the context the last turn saw)."""
+    return {
+        f"{prefix}turns": rollout.turns.float().mean().item(),
+        f"{prefix}tool_calls": rollout.tool_calls.float().mean().item(),
+        f"{prefix}tool_errors": rollout.tool_errors.float().mean().item(),
+        f"{prefix}tool_call_rate": (rollout.tool_calls > 0).float().mean().item(),
+        f"{prefix}context_len": rollout.attention_mask.sum(1).float().mean().item(),
+    }

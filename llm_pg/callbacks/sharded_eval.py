@@ -16,13 +16,14 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import lightning as L
 import torch
 
 from llm_pg.core.rollout import derive_seed, rank_and_world_size
 from llm_pg.data.tasks.base import Example, Score, Task
+from llm_pg.engines.episodes import EpisodeGeneration, generate_for
 from llm_pg.models.generation import PromptTooLong
 from llm_pg.runs.guards import RunStopped, checked_scores, prompt_stop, scorer_of, stop_together
 
@@ -35,6 +36,7 @@ class Evaluation:
     metrics: dict[str, float]
     completions: list[str]
     scores: list[Score]
+    transcripts: list[str] = field(default_factory=list)  # a tool task's: turns and observations, as decoded
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -70,11 +72,14 @@ def _sampled_sums(module: L.LightningModule, task: Task, examples: Sequence[Exam
     for start in range(0, len(examples), per_call):
         batch = list(examples[start : start + per_call])
         try:
-            texts = module.engine.generate(
-                [task.messages(e) for e in batch],
+            texts = generate_for(
+                module,
+                task,
+                batch,
                 module.sampling(evaluation=True),
                 num_samples=k,
                 seed=derive_seed(hp.seed, module.iteration, rank, start, "eval_samples"),
+                where=f"the evaluation at iteration {module.iteration}",
             ).texts
         except PromptTooLong as error:
             raise prompt_stop(error, batch, f"evaluation at iteration {module.iteration}") from None
@@ -106,11 +111,20 @@ def _evaluate_shard(module: L.LightningModule, task: Task, examples: Sequence[Ex
         for start in range(0, len(examples), per_call):
             batch = list(examples[start : start + per_call])
             try:
-                texts = module.engine.generate(  # the rollout engine (HF or vLLM), greedy
-                    [task.messages(e) for e in batch], module.sampling(evaluation=True).greedy_version()
-                ).texts
+                generation = generate_for(  # the rollout engine (HF or vLLM), greedy; a tool task's episodes
+                    module,
+                    task,
+                    batch,
+                    module.sampling(evaluation=True).greedy_version(),
+                    where=f"the evaluation at iteration {module.iteration}",
+                )
             except PromptTooLong as error:
                 raise prompt_stop(error, batch, f"evaluation at iteration {module.iteration}") from None
+            texts = generation.texts
+            if isinstance(generation, EpisodeGeneration):
+                shard.transcripts.extend(generation.transcripts)
+                for name, value in episode_sums(generation).items():
+                    shard.metrics[name] = shard.metrics.get(name, 0.0) + value
             scores = checked_scores(
                 scorer_of(module, task), texts, batch, module.iteration, "evaluation at"
             )  # each completion once
@@ -126,6 +140,17 @@ def _evaluate_shard(module: L.LightningModule, task: Task, examples: Sequence[Ex
     return shard
 
 
+def episode_sums(generation: EpisodeGeneration) -> dict[str, float]:
+    """Sums over a batch of greedy episodes: `tool_call_rate` (episodes with a call), `tool_calls`, `tool_errors`,
+    `turns` (divided by the set's size with the other metrics)."""
+    return {
+        "tool_call_rate": float((generation.tool_calls > 0).sum()),
+        "tool_calls": float(generation.tool_calls.sum()),
+        "tool_errors": float(generation.tool_errors.sum()),
+        "turns": float(generation.turns.sum()),
+    }
+
+
 def evaluate(module: L.LightningModule, task: Task, examples: Sequence[Example]) -> Evaluation:
     """Greedy completions for `examples`, their scores and the task's eval metrics averaged over them.
 
@@ -137,11 +162,14 @@ def evaluate(module: L.LightningModule, task: Task, examples: Sequence[Example])
     if world > 1:
         parts = [None] * world
         torch.distributed.all_gather_object(parts, shard)
-    whole = Evaluation({}, [""] * len(examples), [None] * len(examples))
+    episodes = any(part.transcripts for part in parts)
+    whole = Evaluation({}, [""] * len(examples), [None] * len(examples), [""] * len(examples) if episodes else [])
     for part_rank, part in enumerate(parts):
         for name, value in part.metrics.items():
             whole.metrics[name] = whole.metrics.get(name, 0.0) + value
         whole.completions[part_rank::world] = part.completions
         whole.scores[part_rank::world] = part.scores
+        if episodes:
+            whole.transcripts[part_rank::world] = part.transcripts
     whole.metrics = {name: value / max(len(examples), 1) for name, value in whole.metrics.items()}
     return whole

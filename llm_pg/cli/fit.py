@@ -257,7 +257,7 @@ class LLMPGCLI(LightningCLI):
         """Before the run dir is touched (the module's and the datamodule's constructors have checked their keys):
         the task's data, the tokenizer and the LoRA targets (`llm_pg.runs.preflight`), each failure one line."""
         check_task_data(self.datamodule.task)
-        check_model(self.model.hparams, self.model.lora)
+        check_model(self.model.hparams, self.model.lora, self.datamodule.task)
 
     def _prepare_run(self, config) -> None:
         """Own the run dir, pick the checkpoint to resume from, check it was trained under this config, and

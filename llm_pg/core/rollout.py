@@ -33,12 +33,18 @@ class RolloutBatch:
     """Aligned per-row data of one rollout: `N = prompts * group_size` rows, group-contiguous.
 
     Row `i*G + j` is completion j of prompt i. Sequences are `[prompt (left-padded to P) | completion
-    (right-padded to C)]`, so every completion starts at column `prompt_len`.
+    (right-padded to C)]`, so every completion starts at column `prompt_len`. In a multi-turn episode (a tool task,
+    `llm_pg.engines.episodes`) the completion is the model's turns and the tool observations between them: all of it
+    is attended (`attention_mask`), only the model's turns are trained (`completion_mask`, the loss mask).
     """
 
     input_ids: Tensor  # [N, P+C] long
-    attention_mask: Tensor  # [N, P+C] long: 1 on real prompt tokens and on the completion up to its first EOS
-    completion_mask: Tensor  # [N, C] bool: completion tokens up to and including the first EOS
+    # [N, P+C] long: 1 on real prompt tokens and on the completion's real tokens (up to its first EOS; in an episode,
+    # every turn and observation), never inferred from token ids (a pad id may equal an end-of-turn id)
+    attention_mask: Tensor
+    # [N, C] bool, the loss mask: the tokens the model sampled, up to and including the first EOS (in an episode, each
+    # of its turns with its end token; observations excluded). Every loss and token statistic is over it.
+    completion_mask: Tensor
     rewards: Tensor  # [N] float32
     advantages: Tensor  # [N] float32, group-normalised and clipped
     old_logp: Tensor | None = None  # [N, C] float32, log pi_old at `logprob_temperature` (GRPO)
@@ -49,9 +55,16 @@ class RolloutBatch:
     # [N] float32, set by the update when its forwards group the rows otherwise than its micro-batches: the completion
     # tokens of each row's micro-batch, over which the loss's token means are taken (`losses.token_mean_share`)
     split_tokens: Tensor | None = None
+    # Episodes only (None for single-turn rollouts, whose rows end at their first EOS): [N] bool, the last turn ran
+    # out of tokens; [N] long model turns, tool calls run and calls answered with an error
+    truncated: Tensor | None = None
+    turns: Tensor | None = None
+    tool_calls: Tensor | None = None
+    tool_errors: Tensor | None = None
     prompt_len: int = 0  # P
-    texts: list[str] = field(default_factory=list)  # [N] decoded completions
+    texts: list[str] = field(default_factory=list)  # [N] decoded completions (an episode's: the model's turns)
     prompt_index: list[int] = field(default_factory=list)  # [N] which prompt of the batch each row answers
+    transcripts: list[str] = field(default_factory=list)  # [N] episodes only: turns and observations, as sampled
 
     def __post_init__(self) -> None:
         n = self.input_ids.shape[0]

@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from llm_pg.data.tasks.base import Example, RewardError, Score, Task
+from llm_pg.data.tasks.tools import ToolEnvironment, ToolOutcome, ToolTask, call_tool
 
 GRACE_SECONDS = 5.0  # after the watchdog's time: the parent kills a worker that is still alive
 START_SECONDS = 120.0  # a worker's spawn and imports (torch, sympy, the user's modules), before any time limit
@@ -52,10 +53,14 @@ class Failure:
 
 
 def runs_user_code(task: Task) -> bool:
-    """Whether scoring `task` runs code that is not llm_pg's own: its class, or a reward function it calls."""
+    """Whether scoring `task` or running its tools runs code that is not llm_pg's own: its class, a reward function
+    it calls, or a tool function."""
     if not type(task).__module__.startswith("llm_pg."):
         return True
-    return any(not reward.fn.__module__.startswith("llm_pg.") for reward in getattr(task, "rewards", ()))
+    functions = [reward.fn for reward in getattr(task, "rewards", ())]
+    if isinstance(task, ToolTask):
+        functions += list(task.tools.values())
+    return any(not getattr(fn, "__module__", "").startswith("llm_pg.") for fn in functions)
 
 
 def task_frames(error: BaseException) -> str:
@@ -81,6 +86,24 @@ def score_one(task: Task, completion: str, example: Example) -> Score | Failure:
         return Failure("raised", task_frames(error))
 
 
+def tool_one(task: Task, environment: ToolEnvironment, name: str, text: str) -> ToolOutcome | Failure:
+    """`call_tool`, every way a tool can fail (other than a `ToolError`, an observation) turned into a `Failure`."""
+    try:
+        return call_tool(environment, name, text)
+    except SystemExit as error:
+        return Failure("exit", f"called sys.exit({error.code!r})")
+    except KeyboardInterrupt:
+        return Failure("exit", "raised KeyboardInterrupt")
+    except Exception as error:
+        return Failure("raised", task_frames(error))
+
+
+def serve_one(task: Task, kind: str, payload: tuple) -> Score | ToolOutcome | Failure:
+    """One request of a worker or of in-process scoring: `("score", (completion, example))` or
+    `("tool", (environment, name, text))`."""
+    return score_one(task, *payload) if kind == "score" else tool_one(task, *payload)
+
+
 def _stuck_at(dump: str) -> str:
     """The innermost frame of a faulthandler dump that is the user's (not the standard library's or llm_pg's)."""
     frames = [line.strip() for line in dump.splitlines() if line.strip().startswith("File ")]
@@ -93,7 +116,8 @@ def _stuck_at(dump: str) -> str:
 
 
 def _serve(conn: Connection, task_bytes: bytes, timeout: float, dump_path: str) -> None:
-    """A worker: score `(row, completion, example)` requests until None; the watchdog ends a call past `timeout`."""
+    """A worker: serve `(row, kind, payload)` requests (`serve_one`) until None; the watchdog ends a call past
+    `timeout`."""
     # Ctrl-C and SIGTERM (sent to the whole process group by a scheduler) are the trainer's to handle: it finishes
     # the iteration, saves and ends its workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -112,9 +136,9 @@ def _serve(conn: Connection, task_bytes: bytes, timeout: float, dump_path: str) 
                 return
             if request is None:
                 return
-            row, completion, example = request
+            row, kind, payload = request
             faulthandler.dump_traceback_later(timeout, exit=True, file=dump)  # exit code 1 after the dump
-            result = score_one(task, completion, example)
+            result = serve_one(task, kind, payload)
             faulthandler.cancel_dump_traceback_later()
             conn.send((row, result))
 
@@ -203,9 +227,18 @@ class RewardWorkers:
     def score(self, completions: Sequence[str], examples: Sequence[Example]) -> list[Score | Failure]:
         """One result per completion, in order. After the first failure no further row is sent (the rows already
         being scored finish): the rows left get `Failure("skipped", ...)`, since the run stops at the first."""
+        return self.serve([("score", pair) for pair in zip(completions, examples, strict=True)])
+
+    def call_tools(self, calls: Sequence[tuple[ToolEnvironment, str, str]]) -> list[ToolOutcome | Failure]:
+        """One outcome per `(environment, tool name, input)` call, in order, each under the time limit; as `score`
+        after a failure."""
+        return self.serve([("tool", call) for call in calls])
+
+    def serve(self, requests: Sequence[tuple[str, tuple]]) -> list:
+        """One result per `(kind, payload)` request (`serve_one`), in order, spread over the workers."""
         self._start()
-        results: list[Score | Failure | None] = [None] * len(completions)
-        pending = deque(range(len(completions)))
+        results: list = [None] * len(requests)
+        pending = deque(range(len(requests)))
         idle = list(self.workers)
         busy: dict[Connection, _Worker] = {}
 
@@ -220,7 +253,7 @@ class RewardWorkers:
                 problem = worker.ready(START_SECONDS)  # the time limit counts from the task's load, not the spawn
                 if problem is None:
                     try:
-                        worker.conn.send((row, completions[row], examples[row]))
+                        worker.conn.send((row, *requests[row]))
                     except OSError:  # it ended while idle (killed from outside)
                         problem = f"the reward worker ended while idle (exit code {worker.process.exitcode})"
                 if problem is not None:
@@ -303,6 +336,13 @@ class TaskScorer:
         if self.pool is not None:
             return self.pool.score(completions, examples)
         return [score_one(self.task, c, e) for c, e in zip(completions, examples, strict=True)]
+
+    def call_tools(self, calls: Sequence[tuple[ToolEnvironment, str, str]]) -> list[ToolOutcome | Failure]:
+        """One outcome per `(environment, tool name, input)` call: in the workers (the same time limit as a reward)
+        when the task's tools are user code, else in this process."""
+        if self.pool is not None:
+            return self.pool.call_tools(calls)
+        return [tool_one(self.task, *call) for call in calls]
 
     def close(self) -> None:
         if self.pool is not None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from llm_pg.models.generation import Conversation, Generation, Sampling, generate
+from llm_pg.models.generation import Conversation, Generation, Sampling, continue_ids, generate
 from llm_pg.models.parallel import unsharded
 
 
@@ -61,3 +62,27 @@ class HFEngine:
                 share_prompt=self.share_prompt_prefix,
                 compiled=self.compiled,
             )
+
+    def continue_ids(
+        self,
+        contexts: Sequence[Sequence[int]],
+        sampling: Sampling,
+        *,
+        budgets: Sequence[int],
+        rows: Sequence[int],
+        seed: int | None = None,
+    ) -> tuple[list[list[int]], None]:
+        """One continuation per token-id context (`llm_pg.engines.episodes`), all rows in one batch seeded with
+        `seed` (`rows` is unused: HF draws a batch from one stream): at most `budgets[i]` new ids, up to and
+        including the first EOS (the batch samples to the largest budget; a row is cut to its own). No engine
+        log-probs (the policy is the sampler)."""
+        with self.autocast(), unsharded(self.model):
+            ids = continue_ids(
+                self.model,
+                self.tokenizer,
+                contexts,
+                replace(sampling, max_new_tokens=max(budgets)),
+                seed=seed,
+                compiled=self.compiled,
+            )
+        return [row[:budget] for row, budget in zip(ids, budgets, strict=True)], None

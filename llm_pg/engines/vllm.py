@@ -220,6 +220,49 @@ class VLLMEngine:
         dtype = str(self.dtype).removeprefix("torch.")
         return f"rollout engine: vLLM {vllm.__version__} on {self.device.type}, {dtype}, {memory}; {push}{log}"
 
+    def _params(self, sampling: Sampling, max_tokens: int, seed: int | None, row: int):
+        """One request's `SamplingParams`: plain temperature/top-p (greedy: temperature 0), ending on our EOS ids,
+        seeded with `derive_seed(seed, row)`, returning the sampled token's log-prob."""
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=1.0 if sampling.greedy else sampling.top_p,
+            top_k=0,
+            max_tokens=max_tokens,
+            min_tokens=min(sampling.min_new_tokens, max_tokens),
+            stop_token_ids=self.eos,
+            seed=None if seed is None or sampling.greedy else derive_seed(seed, row),
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,
+        )
+
+    def continue_ids(
+        self,
+        contexts: Sequence[Sequence[int]],
+        sampling: Sampling,
+        *,
+        budgets: Sequence[int],
+        rows: Sequence[int],
+        seed: int | None = None,
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """One continuation per token-id context (`llm_pg.engines.episodes`): at most `budgets[i]` new ids, up to and
+        including the first EOS; request i seeded with `derive_seed(seed, rows[i])` (its episode's row, so a row's
+        tokens do not depend on which other rows are still running). Also each sampled token's log-prob."""
+        from vllm.inputs import TokensPrompt
+
+        requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in contexts]
+        params = [self._params(sampling, budget, seed, row) for budget, row in zip(budgets, rows, strict=True)]
+        lora_request = self.adapter.request if self.adapter is not None else None
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=lora_request)
+        ids, logprobs = [], []
+        for out in outputs:
+            completion = out.outputs[0]
+            tokens = list(completion.token_ids)
+            ids.append(tokens)
+            logprobs.append([completion.logprobs[t][token].logprob for t, token in enumerate(tokens)])
+        return ids, logprobs
+
     @torch.no_grad()
     def load_weights(self, model: nn.Module) -> None:
         """Make vLLM sample from `model`'s current weights: a new adapter version (LoRA), or every weight pushed
@@ -246,7 +289,6 @@ class VLLMEngine:
         with `derive_seed(seed, r)`: the same seed gives the same tokens, in any process; `seed=None` draws
         from vLLM's own generator.
         """
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         encoded = encode_prompts(
@@ -263,20 +305,7 @@ class VLLMEngine:
             TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
             for ids, mask in zip(prompt_ids, prompt_mask, strict=True)
         ]
-        params = [
-            SamplingParams(
-                temperature=0.0 if sampling.greedy else sampling.temperature,
-                top_p=1.0 if sampling.greedy else sampling.top_p,
-                top_k=0,
-                max_tokens=sampling.max_new_tokens,
-                min_tokens=sampling.min_new_tokens,
-                stop_token_ids=self.eos,
-                seed=None if seed is None or sampling.greedy else derive_seed(seed, row),
-                logprobs=0,  # the sampled token's log-prob only
-                detokenize=False,
-            )
-            for row in range(len(requests))
-        ]
+        params = [self._params(sampling, sampling.max_new_tokens, seed, row) for row in range(len(requests))]
         lora_request = self.adapter.request if self.adapter is not None else None
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=lora_request)
         completions = [out.outputs[0] for out in outputs]

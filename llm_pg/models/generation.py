@@ -159,6 +159,58 @@ def generate(
     )
     prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0).to(device)  # [N, P]
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
+    was_training = model.training
+    model.eval()  # the prompt cache too is computed in eval mode (no dropout)
+    cache = prompt_cache(model, encoded, num_samples) if share_prompt else None
+    completion_ids = sample_ids(model, tokenizer, prompt_ids, prompt_mask, sampling, seed, cache, compiled)  # [N, C]
+    model.train(was_training)
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    return Generation(prompt_ids, prompt_mask, completion_ids, texts)
+
+
+@torch.no_grad()
+def continue_ids(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    contexts: Sequence[Sequence[int]],
+    sampling: Sampling,
+    *,
+    seed: int | None = None,
+    compiled: bool = False,
+) -> list[list[int]]:
+    """One continuation per token-id context (a multi-turn episode's ids so far), sampled as `generate` samples:
+    each row's new ids up to and including its first EOS, or `sampling.max_new_tokens` of them. The contexts are
+    left-padded into one batch; nothing is re-tokenized."""
+    device = next(model.parameters()).device
+    width = max(len(ids) for ids in contexts)
+    eos = eos_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    ids = torch.full((len(contexts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(contexts), width), dtype=torch.long)
+    for row, context in enumerate(contexts):
+        ids[row, width - len(context) :] = torch.tensor(list(context), dtype=torch.long)
+        mask[row, width - len(context) :] = 1
+    out = sample_ids(model, tokenizer, ids.to(device), mask.to(device), sampling, seed, None, compiled).tolist()
+    rows = []
+    for row in out:
+        ends = [i for i, token in enumerate(row) if token in eos]
+        rows.append(row[: ends[0] + 1] if ends else row)
+    return rows
+
+
+def sample_ids(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    sampling: Sampling,
+    seed: int | None,
+    cache,
+    compiled: bool,
+) -> Tensor:
+    """`[N, C]` sampled ids after left-padded `prompt_ids` `[N, P]` (right-padded with the pad id after each row's
+    first EOS); `cache`: a prompt cache (`prompt_cache`) or None."""
+    device = prompt_ids.device
     eos = eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     if sampling.greedy:
@@ -170,7 +222,6 @@ def generate(
         draw = {"do_sample": True, "temperature": sampling.temperature, "top_p": 1.0, "top_k": 0}
     was_training = model.training
     model.eval()
-    cache = prompt_cache(model, encoded, num_samples) if share_prompt else None
     cache = reserved_cache(model, cache, sampling.max_new_tokens)
     devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, enabled=seed is not None), compiled_forward(model, compiled):
@@ -193,9 +244,7 @@ def generate(
             **draw,
         )
     model.train(was_training)
-    completion_ids = output[:, prompt_ids.shape[1] :]  # [N, C]
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return Generation(prompt_ids, prompt_mask, completion_ids, texts)
+    return output[:, prompt_ids.shape[1] :]  # [N, C]
 
 
 def prompt_cache(model: PreTrainedModel, encoded: dict[str, Tensor], num_samples: int):

@@ -14,11 +14,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from llm_pg.assets import TINY_CHAT_DIR
+from llm_pg.assets import TINY_CHAT_DIR, TINY_TOOLS_DIR
 from llm_pg.models import real_model
 from llm_pg.models.cache import enable_activation_checkpointing
 
 TINY_MODEL = str(TINY_CHAT_DIR)
+TINY_TOOLS_MODEL = str(TINY_TOOLS_DIR)  # `tiny-tools`: the tiny model taught the calculator
 
 
 @dataclass
@@ -32,10 +33,13 @@ class LoRA:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """`tiny` names the bundled model, `smollm2-135m-instruct` the one `llm-pg real-model` prepared (one line
-    giving the command when it has not); a path-like name must exist; anything else is a hub id."""
+    """`tiny` names the bundled model (`tiny-tools` its tool-aware fine-tune), `smollm2-135m-instruct` the one
+    `llm-pg real-model` prepared (one line giving the command when it has not); a path-like name must exist; anything
+    else is a hub id."""
     if name_or_path == "tiny":
         return TINY_MODEL
+    if name_or_path == "tiny-tools":
+        return TINY_TOOLS_MODEL
     if name_or_path == real_model.NAME:
         return str(real_model.prepared_dir())
     looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()

@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from llm_pg.data.isolation import Failure, TaskScorer
 from llm_pg.data.tasks.base import Example, Score, Task
+from llm_pg.data.tasks.tools import ToolEnvironment, ToolOutcome
 from llm_pg.models.generation import PromptTooLong
 
 
@@ -76,6 +77,35 @@ def checked_scores(
                 )
         scores.append(result)
     return scores
+
+
+def checked_outcomes(
+    scorer: TaskScorer, calls: Sequence[tuple[ToolEnvironment, str, str]], rows: Sequence[int], where: str
+) -> list[ToolOutcome]:
+    """Every call's `ToolOutcome` (`TaskScorer.call_tools`); RunStopped, in one line naming the row and the call, at
+    the first that raised (other than `ToolError`), returned a non-string, exited, hung past the time limit or took
+    its worker down."""
+    if not calls:
+        return []
+    results = scorer.call_tools(calls)
+    for (_, name, text), row, result in zip(calls, rows, results, strict=True):
+        if isinstance(result, Failure) and result.kind != "skipped":
+            call = " ".join(text.split())
+            call = repr(call if len(call) <= 60 else call[:57] + "...")
+            what = f"tool {name!r} of task {type(scorer.task).__name__} on row {row} of {where} (input {call})"
+            if result.kind == "timeout":
+                raise RunStopped(
+                    f"{what} did not return within data.reward_timeout={scorer.timeout:g} s, stuck at "
+                    f"{result.detail}; give the tool a time limit of its own, or raise data.reward_timeout"
+                )
+            if result.kind == "raised":
+                raise RunStopped(
+                    f"{what} raised; a tool raises ToolError for input it cannot serve (its message becomes the "
+                    f"observation), anything else stops the run:\n{result.detail}"
+                )
+            how = result.detail if result.kind == "exit" else f"ended its worker: {result.detail}"
+            raise RunStopped(f"{what} {how}; a tool must return a string, not end its process")
+    return results
 
 
 def _failure_text(name: str, failure: Failure, what_row: str, timeout: float) -> str:

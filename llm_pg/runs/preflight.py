@@ -8,7 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from llm_pg.data.tasks.base import Example, Task
+from llm_pg.data.tasks.tools import ToolTask
 from llm_pg.data.user_code import config_files
+from llm_pg.models.chat import ChatObservations, TemplateError
 
 
 def one_line(message: str) -> str:
@@ -60,8 +63,9 @@ def check_task_data(task: Any) -> None:
         ) from None
 
 
-def check_model(hp: Any, lora: Any) -> None:
-    """The tokenizer and the LoRA targets of `model.init_args` (`hp`: the module's hparams; `lora`: its LoRA)."""
+def check_model(hp: Any, lora: Any, task: Task | None = None) -> None:
+    """The tokenizer and the LoRA targets of `model.init_args` (`hp`: the module's hparams; `lora`: its LoRA), and
+    for a tool task (`task`), that the chat template frames tool turns token for token (`check_tool_template`)."""
     from llm_pg.models.loading import load_tokenizer, resolve_model_path
 
     name = hp.model_name_or_path
@@ -83,8 +87,27 @@ def check_model(hp: Any, lora: Any) -> None:
             f"model.init_args.chat_template is true but the tokenizer of {name!r} has no chat template; set "
             "chat_template: false (prompts are then the turns joined by blank lines) or use a chat model"
         )
+    if isinstance(task, ToolTask):
+        if not hp.chat_template:
+            raise ValueError(
+                f"model.init_args.chat_template is false, but task {type(task).__name__} has tools: an episode's tool "
+                "turns are framed by the chat template; set chat_template: true"
+            )
+        try:
+            check_tool_template(tokenizer, task, repr(name))
+        except TemplateError as error:
+            raise ValueError(f"data.task: {error}") from None
     if lora is not None and lora.r > 0:
         _check_lora_targets(resolve_model_path(name), list(lora.target_modules))
+
+
+def check_tool_template(tokenizer, task: Task, name: str = "the model") -> None:
+    """Refuse (`TemplateError`), before training, a chat template that cannot frame `task`'s tool turns token for
+    token: one that rewrites earlier turns (`ChatObservations.check`). A no-op for tasks without tools."""
+    if not isinstance(task, ToolTask):
+        return
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ChatObservations(tokenizer, task.observation_role, eos, name).check(task.messages(Example("1+1=?", "2")))
 
 
 def _check_lora_targets(path: str, targets: list[str]) -> None:

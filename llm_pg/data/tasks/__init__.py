@@ -2,13 +2,16 @@
 
 from llm_pg.data.tasks.arith import ArithTask
 from llm_pg.data.tasks.base import Example, RewardError, Score, Task
+from llm_pg.data.tasks.calc_arith import CalcArithTask
 from llm_pg.data.tasks.dataset import DatasetTask
 from llm_pg.data.tasks.format_copy import FormatCopyTask
 from llm_pg.data.tasks.math_hard import MathHardTask
 from llm_pg.data.tasks.reasoning_gym import ReasoningGymTask
+from llm_pg.data.tasks.tools import ToolEnvironment, ToolError, ToolTask
 
 __all__ = [
     "ArithTask",
+    "CalcArithTask",
     "DatasetTask",
     "Example",
     "FormatCopyTask",
@@ -17,4 +20,7 @@ __all__ = [
     "RewardError",
     "Score",
     "Task",
+    "ToolEnvironment",
+    "ToolError",
+    "ToolTask",
 ]

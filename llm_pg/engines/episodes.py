@@ -1,0 +1,224 @@
+"""Multi-turn episodes with tools: the rollout loop of a `ToolTask`, over any engine, token in and token out.
+
+`run_episodes` samples `num_samples` episodes per prompt. Every turn it asks the engine to continue the rows still
+running from their token ids (`engine.continue_ids`: HF and vLLM both, batched, seeded per turn), never from text:
+a sampled id is never decoded and encoded again (BPE is not a bijection, and the loss would then train on tokens
+the model never sampled). A turn ends on an end-of-turn (EOS) id, never on a stop string. When the turn ends with
+a call of one of the task's tools (`ToolTask.find_call`), the call runs (`call_tools`: in the reward workers, under
+their time limit, when the tools are user code) and the observation's tokens are appended, taken from the model's
+own chat template (`ChatObservations`); a turn without a call, or a turn cut by the token budget, ends the episode.
+
+The completion region of a row is `[turn 1 | observation 1 | turn 2 | ...]`: the attention mask covers all of it,
+the loss mask only the model's turns (each with its end token). Limits: `max_turns` model turns (a call in the
+last one is not run), `max_tool_tokens` tokens of observation content, and `max_new_tokens` tokens in the whole
+region: an observation that would leave no room for a token after it is dropped, and the row ends on the model's
+end token.
+
+Single-turn tasks do not come here (`generate_for`): their rollouts are exactly those of `engine.generate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from llm_pg.core.rollout import derive_seed
+from llm_pg.data.isolation import TaskScorer
+from llm_pg.data.tasks.base import Example, Task
+from llm_pg.data.tasks.tools import ToolTask, model_text
+from llm_pg.models.chat import ChatObservations, TemplateError
+from llm_pg.models.generation import Generation, Sampling, context_length, encode_prompts, eos_token_ids
+from llm_pg.runs.guards import RunStopped, checked_outcomes, scorer_of
+
+
+@dataclass
+class EpisodeGeneration(Generation):
+    """A `Generation` of multi-turn episodes: `completion_ids` hold the model's turns and the observations between
+    them; `texts` the model's turns (what the task scores, `model_text`)."""
+
+    attention: Tensor | None = None  # [N, C] long: 1 on every real token of the completion region
+    loss_mask: Tensor | None = None  # [N, C] bool: the model's own tokens, each turn's end token included
+    transcripts: list[str] = field(default_factory=list)  # [N] the region decoded with its special tokens
+    turns: Tensor | None = None  # [N] long: model turns
+    tool_calls: Tensor | None = None  # [N] long: calls run
+    tool_errors: Tensor | None = None  # [N] long: calls answered with an error observation (`ToolError`)
+    truncated: Tensor | None = None  # [N] bool: the last model turn ran out of tokens (no end token)
+    sampled_logprobs: Tensor | None = None  # [N, C] float32: the engine's log-probs of the model's tokens (vLLM)
+
+
+def run_episodes(
+    engine,
+    tokenizer,
+    task: ToolTask,
+    examples: Sequence[Example],
+    sampling: Sampling,
+    *,
+    num_samples: int = 1,
+    seed: int | None = None,
+    eos: Sequence[int],
+    context: int | None = None,
+    tools: ToolTask | TaskScorer | None = None,
+    where: str = "a rollout",
+) -> EpisodeGeneration:
+    """`num_samples` episodes per example (rows group-contiguous, as `engine.generate`). `tools` runs the calls (a
+    `TaskScorer`, or the task itself: in-process); a tool that fails otherwise than with a `ToolError` raises
+    `RunStopped` naming the row and the call (`where`: the phase, for the message)."""
+    conversations = [task.messages(e) for e in examples]
+    encoded = encode_prompts(
+        tokenizer, conversations, sampling.max_prompt_tokens, sampling.chat_template, context, sampling.max_new_tokens
+    )
+    prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0)  # [N, P]
+    prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0)  # [N, P]
+    n = prompt_ids.shape[0]
+    budget = sampling.max_new_tokens
+    eos_set = set(eos)
+    observations = ChatObservations(tokenizer, task.observation_role, eos)
+    scorer = tools if isinstance(tools, TaskScorer) else TaskScorer(task, workers=0)
+    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
+    row_example = [examples[r // num_samples] for r in range(n)]
+    messages = [list(conversations[r // num_samples]) for r in range(n)]
+    environments = [task.environment(example) for example in row_example]
+    ids: list[list[int]] = [[] for _ in range(n)]
+    loss: list[list[bool]] = [[] for _ in range(n)]
+    logps: list[list[float]] = [[] for _ in range(n)]
+    turns: list[list[str]] = [[] for _ in range(n)]
+    calls, errors, truncated = [0] * n, [0] * n, [False] * n
+    has_logps = False
+    active = list(range(n))
+    for turn in range(1, task.max_turns + 1):
+        if not active:
+            break
+        new, new_logps = engine.continue_ids(
+            [prompts[r] + ids[r] for r in active],
+            sampling,
+            budgets=[budget - len(ids[r]) for r in active],
+            rows=active,
+            seed=None if seed is None else derive_seed(seed, "turn", turn),
+        )
+        has_logps = has_logps or new_logps is not None
+        wanted = []  # (row, tool name, input)
+        for k, r in enumerate(active):
+            tokens = new[k]
+            ids[r] += tokens
+            loss[r] += [True] * len(tokens)
+            logps[r] += new_logps[k] if new_logps is not None else [0.0] * len(tokens)
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            turns[r].append(text)
+            messages[r].append({"role": "assistant", "content": text})
+            if not tokens or tokens[-1] not in eos_set:
+                truncated[r] = True  # out of tokens mid-turn: the episode ends here
+                continue
+            call = task.find_call(text)
+            if call is not None and turn < task.max_turns:
+                wanted.append((r, *call))
+        outcomes = checked_outcomes(
+            scorer, [(environments[r], name, arg) for r, name, arg in wanted], [r for r, _, _ in wanted], where
+        )
+        active = []
+        for (r, _name, _arg), outcome in zip(wanted, outcomes, strict=True):
+            calls[r] += 1
+            errors[r] += outcome.error
+            environments[r] = outcome.environment
+            content = _cut(tokenizer, outcome.observation, task.max_tool_tokens)
+            observed = observations.observation_ids(messages[r], content)
+            messages[r].append({"role": task.observation_role, "content": content})
+            if len(ids[r]) + len(observed) >= budget:
+                continue  # no room for a turn after it: the row ends on the model's end token
+            ids[r] += observed
+            loss[r] += [False] * len(observed)
+            logps[r] += [0.0] * len(observed)
+            active.append(r)
+    return _assembled(
+        tokenizer,
+        eos,
+        prompt_ids,
+        prompt_mask,
+        ids,
+        loss,
+        logps if has_logps else None,
+        turns,
+        calls,
+        errors,
+        truncated,
+    )
+
+
+def _cut(tokenizer, content: str, max_tokens: int) -> str:
+    """`content` cut to its first `max_tokens` tokens (it is the tool's text, not sampled: re-encoding is fine)."""
+    tokens = tokenizer(content, add_special_tokens=False)["input_ids"]
+    return content if len(tokens) <= max_tokens else tokenizer.decode(tokens[:max_tokens])
+
+
+def _assembled(tokenizer, eos, prompt_ids, prompt_mask, ids, loss, logps, turns, calls, errors, truncated):
+    n = len(ids)
+    width = max(max((len(row) for row in ids), default=0), 1)  # C
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    completion = torch.full((n, width), pad, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    loss_mask = torch.zeros((n, width), dtype=torch.bool)
+    sampled = torch.zeros((n, width), dtype=torch.float32) if logps is not None else None
+    for r in range(n):
+        length = len(ids[r])
+        completion[r, :length] = torch.tensor(ids[r], dtype=torch.long)
+        attention[r, :length] = 1
+        loss_mask[r, :length] = torch.tensor(loss[r], dtype=torch.bool)
+        if sampled is not None:
+            sampled[r, :length] = torch.tensor(logps[r], dtype=torch.float32)
+    return EpisodeGeneration(
+        prompt_ids,
+        prompt_mask,
+        completion,
+        [model_text(t) for t in turns],
+        attention=attention,
+        loss_mask=loss_mask,
+        transcripts=[tokenizer.decode(row, skip_special_tokens=False) for row in ids],
+        turns=torch.tensor([len(t) for t in turns], dtype=torch.long),
+        tool_calls=torch.tensor(calls, dtype=torch.long),
+        tool_errors=torch.tensor(errors, dtype=torch.long),
+        truncated=torch.tensor(truncated, dtype=torch.bool),
+        sampled_logprobs=sampled,
+    )
+
+
+def generate_for(
+    module, task: Task, examples: Sequence[Example], sampling: Sampling, *, num_samples: int = 1, seed=None, where=""
+) -> Generation:
+    """The module's engine sampling `examples` for `task`: `engine.generate` for a single-turn task, `run_episodes`
+    for a `ToolTask` (its tools run by the data module's scorer, `scorer_of`). Rollouts and evaluations both come
+    here. Raises `PromptTooLong`, and `RunStopped` for a tool that failed."""
+    engine = module.engine
+    if not isinstance(task, ToolTask):
+        return engine.generate([task.messages(e) for e in examples], sampling, num_samples=num_samples, seed=seed)
+    context = getattr(engine, "context", None) or context_length(module.policy)
+    generation = run_episodes(
+        engine,
+        module.tokenizer,
+        task,
+        examples,
+        sampling,
+        num_samples=num_samples,
+        seed=seed,
+        eos=eos_token_ids(module.policy, module.tokenizer),
+        context=context,
+        tools=scorer_of(module, task),
+        where=where,
+    )
+    device = module.device
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "attention", "loss_mask", "sampled_logprobs"):
+        value = getattr(generation, name)
+        if value is not None:
+            setattr(generation, name, value.to(device))
+    return generation
+
+
+__all__ = [
+    "ChatObservations",
+    "EpisodeGeneration",
+    "RunStopped",
+    "TemplateError",
+    "generate_for",
+    "run_episodes",
+]
