@@ -340,3 +340,31 @@ def test_the_calculator_answers_hostile_input_at_once(text):
     result = task.tools["calc"]
     with pytest.raises(ToolError):
         result(text)
+
+
+@pytest.mark.slow
+def test_a_tool_task_run_stopped_and_resumed_equals_an_uninterrupted_one(tmp_path):
+    """SIGTERM after iteration 2 of a calc_arith run on the tool-aware tiny model, then `--ckpt_path last`: the same
+    weights, metrics and transcripts as a run never stopped (episodes are seeded per iteration, rank and turn)."""
+    from conftest import fit
+    from test_run_safety import generations, rows
+
+    from llm_pg.cli.fit import RunInterrupted
+
+    config = "configs/tiny/calc_arith_grpo.yaml"
+    common = [
+        "--model.init_args.iterations=3",
+        "--checkpoint.every_n_iterations=10",
+        "--model.init_args.max_new_tokens=64",
+    ]
+    straight = fit(tmp_path / "straight", "tiny-tools", *common, config=config).model
+    stop = "--trainer.callbacks+={'class_path': 'test_run_safety.SendSignal', 'init_args': {'signum': 15}}"
+    with pytest.raises(RunInterrupted):
+        fit(tmp_path / "b", "tiny-tools", *common, stop, config=config)
+    resumed = fit(tmp_path / "b", "tiny-tools", *common, "--ckpt_path=last", config=config).model
+    for name, weight in straight.policy.state_dict().items():
+        assert torch.equal(weight, resumed.policy.state_dict()[name]), name
+    run, reference = tmp_path / "b" / "run", tmp_path / "straight" / "run"
+    assert rows(run) == rows(reference)
+    assert generations(run) == generations(reference)
+    assert any(row["tool_calls"] > 0 for row in generations(reference))  # the episodes did call the tool

@@ -90,7 +90,7 @@ class RolloutBatch:
     def select(self, index: Tensor) -> RolloutBatch:
         """The rows `index` (a 1-D long tensor), every field sliced with the same index."""
         rows = index.tolist()
-        return self._map(lambda t: t[index.to(t.device)], lambda values: [values[i] for i in rows])
+        return self._map(lambda t: t[index.to(t.device)], lambda values: [values[i] for i in rows] if values else [])
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         return self._map(lambda t: t.to(device), lambda values: values)
