@@ -22,6 +22,7 @@ from llm_pg.runs.guards import RunStopped
 from llm_pg.runs.preflight import check_tool_template
 
 TINY = str(ROOT / "llm_pg" / "assets" / "tiny-chat")
+TINY_TOOLS = str(ROOT / "llm_pg" / "assets" / "tiny-chat-tools")
 
 
 class ScriptedEngine:
@@ -267,22 +268,39 @@ def test_environment_is_fresh_for_every_row(tiny_tokenizer):
         assert "tool\n1<|im_end|>" in transcript and "tool\n2<|im_end|>" in transcript
 
 
-def test_same_seed_same_transcripts_with_the_tiny_model():
-    tokenizer = AutoTokenizer.from_pretrained(TINY)
-    model = AutoModelForCausalLM.from_pretrained(TINY)
-    task = CalcArithTask(system_prompt=None, mul_range=(2, 9))
+def test_same_seed_same_transcripts_and_sampled_ids_are_the_rendered_conversation():
+    """The tool-aware tiny model's own episodes: seeded, and (its byte tokenizer being a bijection) every row's ids
+    are the chat template's rendering of its conversation: prompt, turns and tool turns, token for token."""
+    tokenizer = AutoTokenizer.from_pretrained(TINY_TOOLS)
+    model = AutoModelForCausalLM.from_pretrained(TINY_TOOLS)
+    task = CalcArithTask(system_prompt=None)
     examples = [task.train_example(i, 0) for i in range(4)]
 
     def run(seed):
         engine = HFEngine(model, tokenizer)
-        sampling = Sampling(max_new_tokens=48, temperature=1.5)
         return run_episodes(
-            engine, tokenizer, task, examples, sampling, num_samples=4, seed=seed, eos=eos_token_ids(model, tokenizer)
-        )
+            engine, tokenizer, task, examples, Sampling(max_new_tokens=64), num_samples=4, seed=seed,
+            eos=eos_token_ids(model, tokenizer),
+        )  # fmt: skip
 
     first, again, other = run(7), run(7), run(8)
     assert torch.equal(first.completion_ids, again.completion_ids) and first.transcripts == again.transcripts
     assert first.transcripts != other.transcripts
+    assert int(first.tool_calls.sum()) >= 2
+    for row in range(len(first.texts)):
+        turns = first.texts[row].split("\n\n")
+        if first.truncated[row] or len(turns) != int(first.turns[row]):
+            continue  # a turn cut by the budget, or one with a blank line inside: not a whole conversation
+        messages = task.messages(examples[row // 4])
+        for k, turn in enumerate(turns):
+            messages.append({"role": "assistant", "content": turn})
+            call = task.find_call(turn)
+            if call is not None and k + 1 < len(turns):
+                messages.append({"role": "tool", "content": task.tools["calc"](call[1])})
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+        ids = first.prompt_ids[row][first.prompt_mask[row].bool()].tolist()
+        ids += first.completion_ids[row][first.attention[row].bool()].tolist()
+        assert tokenizer(rendered, add_special_tokens=False)["input_ids"][: len(ids)] == ids
 
 
 def test_gradient_is_zero_at_tool_tokens(tiny_tokenizer):

@@ -429,3 +429,57 @@ def test_runs_with_sequence_level_corrections_and_the_off_policy_mask(tmp_path, 
         # vLLM holds the trainer's weights: every sequence weight is 1 to float32 rounding, none out of bounds.
         assert all(abs(r["rollout/tis_weight_mean"] - 1) < 1e-3 and r[f"rollout/tis_{kind}_frac"] == 0 for r in rows)
     assert all("train/off_policy_masked_frac" in r for r in rows)
+
+
+def test_tool_episodes_continue_from_ids_with_vllms_logprobs_of_the_models_tokens(tmp_path):
+    """Multi-turn episodes with vLLM (`continue_ids`): the tool-aware tiny model calls the calculator, the sampled
+    ids and observations are framed as with HF, vLLM's log-probs cover the model's tokens (zero at observations) and
+    match the trainer's forward, and the same seed gives the same transcripts; then a short calc_arith run."""
+    from llm_pg.data.tasks import CalcArithTask
+    from llm_pg.engines.episodes import run_episodes
+    from llm_pg.models.loading import TINY_TOOLS_MODEL
+
+    tokenizer = load_tokenizer(TINY_TOOLS_MODEL)
+    engine = VLLMEngine(TINY_TOOLS_MODEL, tokenizer, logprobs_mode="raw_logprobs", **SETTINGS)
+    model = AutoModelForCausalLM.from_pretrained(TINY_TOOLS_MODEL, dtype=torch.float32)
+    task = CalcArithTask(system_prompt=None)
+    examples = [task.train_example(i, 0) for i in range(4)]
+    eos = eos_token_ids(model, tokenizer)
+
+    def run(seed):
+        return run_episodes(
+            engine, tokenizer, task, examples, Sampling(max_new_tokens=64), num_samples=8, seed=seed, eos=eos
+        )
+
+    out, again = run(3), run(3)
+    assert out.transcripts == again.transcripts and torch.equal(out.completion_ids, again.completion_ids)
+    assert int(out.tool_calls.sum()) > 0  # the model called the calculator
+    tool = out.attention.bool() & ~out.loss_mask
+    assert torch.all(out.sampled_logprobs[tool] == 0) and torch.all(out.sampled_logprobs[out.loss_mask] < 0)
+    ids = torch.cat([out.prompt_ids, out.completion_ids], 1)
+    mask = torch.cat([out.prompt_mask, out.attention], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    prompt_len = out.prompt_ids.shape[1]
+    trainer = token_logprobs(logits[:, prompt_len - 1 :], ids[:, prompt_len - 1 :], 1.0)
+    gap = (trainer - out.sampled_logprobs).abs()[out.loss_mask]
+    assert gap.max() < 1e-3, gap.max()
+    run_cli(
+        [
+            "fit",
+            f"--config={ROOT / 'configs/tiny/calc_arith_grpo.yaml'}",
+            "--model.init_args.iterations=2",
+            "--data.prompts_per_step=4",
+            "--data.task.init_args.eval_size=8",
+            f"--runs_root={tmp_path}",
+            "--run_name=run",
+            "--wandb_project=null",
+            "--trainer.enable_progress_bar=false",
+            *VLLM,
+        ]
+    )
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    rates = [float(r["train/tool_call_rate"]) for r in rows if r.get("train/tool_call_rate")]
+    assert len(rates) == 2 and max(rates) > 0
+    assert all(float(r["rollout/logprob_mismatch_max"]) < 1e-2 for r in rows if r.get("rollout/logprob_mismatch_max"))

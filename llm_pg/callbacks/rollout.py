@@ -147,7 +147,7 @@ def sample_round(
             module.sampling(),
             num_samples=hp.group_size,
             seed=seed,
-            where=f"{where} iteration {module.iteration_in_progress}",
+            where=where,
         )
     except PromptTooLong as error:
         failure = prompt_stop(error, examples, where)

@@ -31,6 +31,7 @@ from llm_pg.data.tasks.base import Example, Task
 from llm_pg.data.tasks.tools import ToolTask, model_text
 from llm_pg.models.chat import ChatObservations, TemplateError
 from llm_pg.models.generation import Generation, Sampling, context_length, encode_prompts, eos_token_ids
+from llm_pg.models.parallel import unsharded
 from llm_pg.runs.guards import RunStopped, checked_outcomes, scorer_of
 
 
@@ -193,19 +194,21 @@ def generate_for(
     if not isinstance(task, ToolTask):
         return engine.generate([task.messages(e) for e in examples], sampling, num_samples=num_samples, seed=seed)
     context = getattr(engine, "context", None) or context_length(module.policy)
-    generation = run_episodes(
-        engine,
-        module.tokenizer,
-        task,
-        examples,
-        sampling,
-        num_samples=num_samples,
-        seed=seed,
-        eos=eos_token_ids(module.policy, module.tokenizer),
-        context=context,
-        tools=scorer_of(module, task),
-        where=where,
-    )
+    # FSDP2: one gather for the whole episode loop, whose number of engine calls differs between ranks
+    with unsharded(module.policy):
+        generation = run_episodes(
+            engine,
+            module.tokenizer,
+            task,
+            examples,
+            sampling,
+            num_samples=num_samples,
+            seed=seed,
+            eos=eos_token_ids(module.policy, module.tokenizer),
+            context=context,
+            tools=scorer_of(module, task),
+            where=where,
+        )
     device = module.device
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "attention", "loss_mask", "sampled_logprobs"):
         value = getattr(generation, name)

@@ -65,7 +65,9 @@ class ToolTask(Task):
     Args:
         max_turns: the most model turns of an episode (1: the model answers at once; a call it writes is not run).
         max_tool_tokens: the most tokens of one observation's content; a longer result is cut to its first ones.
-        system_prompt, eval_size, eval_seed: as every task's.
+        system_prompt: the system turn (null: none); tell the model its tools and how to call them.
+        eval_size: eval examples.
+        eval_seed: seed of the eval set.
     """
 
     tools: ClassVar[Mapping[str, Callable[[str], str]]] = {}
