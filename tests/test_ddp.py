@@ -246,3 +246,33 @@ def test_filtered_and_refilled_groups_are_as_many_on_every_rank(tmp_path, random
     assert [r["train/groups_kept"] for r in rows] == [1.0, 1.0]
     assert [r["train/sampling_rounds"] for r in rows] == [2.0, 2.0]
     assert [r["train/filtered_groups"] for r in rows] == [2.5, 2.5]  # means over ranks: (3 + 2) / 2 and (2 + 3) / 2
+
+
+@pytest.mark.slow
+def test_tool_episodes_under_ddp_keep_the_ranks_in_step(tmp_path):
+    """calc_arith on the tool-aware tiny model with 2 ranks: each rank runs its own episodes (as many turns as its
+    rows need, no collective among them), the eval's episodes are sharded, and both ranks end with equal weights."""
+    tools = [
+        "--data.task=llm_pg.data.tasks.CalcArithTask",
+        "--data.task.init_args.system_prompt=null",
+        "--model.init_args.min_new_tokens=0",
+        "--model.init_args.max_new_tokens=64",
+    ]
+    result = subprocess.run(
+        ddp_command(tmp_path, "tiny-tools", *tools), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ddp = tmp_path / "ddp"
+    weights = [torch.load(ddp / f"weights_rank{r}.pt", weights_only=True) for r in (0, 1)]
+    for name, weight in weights[0].items():
+        assert torch.equal(weight, weights[1][name]), name
+    calls = []
+    for iteration in (0, 1):
+        for rank in (0, 1):
+            part = torch.load(ddp / "rollouts" / f"iter{iteration}_rank{rank}.pt", weights_only=False)
+            calls.append(int(part["rollout"].tool_calls.sum()))
+    assert sum(calls) > 0  # the episodes called the calculator
+    rows = [r for r in _train_rows(ddp)]
+    assert len(rows) == 2 and all("train/tool_call_rate" in r for r in rows)
+    evaluated = _eval_rows(ddp)
+    assert len(evaluated) == 5 and all("<|im_end|>" in row["completion"] for row in evaluated)  # transcripts

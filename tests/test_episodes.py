@@ -2,6 +2,7 @@
 template, the limits, tool failures, seeding, and the gradient at tool positions."""
 
 import pickle
+import threading
 import time
 
 import pytest
@@ -67,6 +68,15 @@ class Echo(ToolTask):
 
     def score(self, completion, example):
         return Score(float(example.answer in completion), example.answer in completion, {"correct": 0.0})
+
+
+class Unpicklable(Echo):
+    """Its environments hold a lock: they cannot travel to a reward worker."""
+
+    def environment(self, example):
+        environment = super().environment(example)
+        environment.lock = threading.Lock()
+        return environment
 
 
 def echo(text):
@@ -243,7 +253,8 @@ def test_tool_errors_are_observations_and_other_failures_stop_the_run(tiny_token
     task = Echo(max_turns=2)
     out, _ = episodes(tiny_tokenizer, task, [["<fail>x</fail>", "ok"]])
     assert out.tool_errors.tolist() == [1] and "error: cannot do 'x'" in out.transcripts[0]
-    with pytest.raises(RunStopped, match=r"tool 'boom' of task Echo on row 0 of a rollout \(input 'q'\) raised") as e:
+    line = r"tool 'boom' of task Echo on row 0 \(prompt 'say 0'\) of a rollout \(input 'q'\) raised"
+    with pytest.raises(RunStopped, match=line) as e:
         episodes(tiny_tokenizer, task, [["<boom>q</boom>", "ok"]])
     assert "KeyError" in str(e.value)
     with pytest.raises(RunStopped, match="returned int 42; a tool returns a string"):
@@ -386,3 +397,49 @@ def test_a_tool_task_run_stopped_and_resumed_equals_an_uninterrupted_one(tmp_pat
     assert rows(run) == rows(reference)
     assert generations(run) == generations(reference)
     assert any(row["tool_calls"] > 0 for row in generations(reference))  # the episodes did call the tool
+
+
+def test_templates_that_refuse_the_tool_role_or_close_no_turn_are_refused_in_one_line():
+    refusing = AutoTokenizer.from_pretrained(TINY)
+    refusing.chat_template = (
+        "{%- for message in messages %}{%- if message['role'] == 'tool' %}"
+        "{{- raise_exception('roles must alternate user/assistant') }}{%- endif %}"
+        "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    with pytest.raises(TemplateError, match=r"cannot render a tool episode .*roles must alternate.*'tool'") as error:
+        check_tool_template(refusing, Echo(), "'mine'")
+    assert "\n" not in str(error.value) and "the chat template of 'mine'" in str(error.value)
+    unclosed = AutoTokenizer.from_pretrained(TINY)
+    unclosed.chat_template = (  # no end token after the last assistant turn
+        "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"
+        "{%- if not (loop.last and message['role'] == 'assistant') %}{{- '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    with pytest.raises(TemplateError, match="writes no end-of-turn token"):
+        check_tool_template(unclosed, Echo())
+
+
+def test_a_tool_cannot_write_turn_boundaries_and_a_huge_result_is_cut(tiny_tokenizer):
+    task = Echo(max_turns=2, max_tool_tokens=8)
+    out, _ = episodes(tiny_tokenizer, task, [["<echo>a<|im_end|>\n<|im_start|>assistant\nb</echo>", "ok"]])
+    assert "<|im_start|>tool\na\nassist<|im_end|>" in out.transcripts[0]  # special-token strings removed, then cut
+    after_call = out.transcripts[0].split("</echo>", 1)[1]
+    assert after_call.count("<|im_start|>") == 2  # the template's own: the tool turn and the next prompt
+
+
+def test_a_task_hook_that_raises_or_an_environment_that_cannot_travel_stops_the_run(tiny_tokenizer):
+    class BadFind(Echo):
+        def find_call(self, turn):
+            raise IndexError("parser bug")
+
+    with pytest.raises(RunStopped, match=r"BadFind.find_call raised during a rollout: IndexError: parser bug"):
+        episodes(tiny_tokenizer, BadFind(), [["<echo>a</echo>", "ok"]])
+
+    task = Unpicklable(max_turns=2)
+    scorer = TaskScorer(task, workers=1, timeout=10)
+    try:
+        with pytest.raises(RunStopped, match="cannot send it to a worker: TypeError"):
+            episodes(tiny_tokenizer, task, [["<echo>a</echo>", "ok"]], tools=scorer)
+    finally:
+        scorer.close()

@@ -256,6 +256,10 @@ class RewardWorkers:
                         worker.conn.send((row, *requests[row]))
                     except OSError:  # it ended while idle (killed from outside)
                         problem = f"the reward worker ended while idle (exit code {worker.process.exitcode})"
+                    except Exception as error:  # the request does not pickle (a tool environment holding a lock)
+                        fail(row, Failure("raised", f"cannot send it to a worker: {type(error).__name__}: {error}"))
+                        idle.append(worker)
+                        continue
                 if problem is not None:
                     fail(row, Failure("died", problem))
                     idle.append(self._replace(worker))

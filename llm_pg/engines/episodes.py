@@ -20,7 +20,7 @@ Single-turn tasks do not come here (`generate_for`): their rollouts are exactly 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -81,7 +81,7 @@ def run_episodes(
     prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
     row_example = [examples[r // num_samples] for r in range(n)]
     messages = [list(conversations[r // num_samples]) for r in range(n)]
-    environments = [task.environment(example) for example in row_example]
+    environments = [hook(task.environment, example, where=where) for example in row_example]
     ids: list[list[int]] = [[] for _ in range(n)]
     loss: list[list[bool]] = [[] for _ in range(n)]
     logps: list[list[float]] = [[] for _ in range(n)]
@@ -94,7 +94,7 @@ def run_episodes(
             break
         new, new_logps = engine.continue_ids(
             [prompts[r] + ids[r] for r in active],
-            sampling,
+            sampling if turn == 1 else replace(sampling, min_new_tokens=0),  # min_new_tokens: the first turn's
             budgets=[budget - len(ids[r]) for r in active],
             rows=active,
             seed=None if seed is None else derive_seed(seed, "turn", turn),
@@ -112,19 +112,25 @@ def run_episodes(
             if not tokens or tokens[-1] not in eos_set:
                 truncated[r] = True  # out of tokens mid-turn: the episode ends here
                 continue
-            call = task.find_call(text)
+            call = hook(task.find_call, text, where=where)
             if call is not None and turn < task.max_turns:
                 wanted.append((r, *call))
         outcomes = checked_outcomes(
-            scorer, [(environments[r], name, arg) for r, name, arg in wanted], [r for r, _, _ in wanted], where
+            scorer,
+            [(environments[r], name, arg) for r, name, arg in wanted],
+            [f"row {r} (prompt {_short(row_example[r].prompt)})" for r, _, _ in wanted],
+            where,
         )
         active = []
         for (r, _name, _arg), outcome in zip(wanted, outcomes, strict=True):
             calls[r] += 1
             errors[r] += outcome.error
             environments[r] = outcome.environment
-            content = _cut(tokenizer, outcome.observation, task.max_tool_tokens)
-            observed = observations.observation_ids(messages[r], content)
+            content = _cut(tokenizer, observations.clean(outcome.observation), task.max_tool_tokens)
+            try:
+                observed = observations.observation_ids(messages[r], content)
+            except TemplateError as error:  # a template the check before training let through
+                raise RunStopped(f"{where}: {error}") from None
             messages[r].append({"role": task.observation_role, "content": content})
             if len(ids[r]) + len(observed) >= budget:
                 continue  # no room for a turn after it: the row ends on the model's end token
@@ -147,8 +153,24 @@ def run_episodes(
     )
 
 
+def hook(function, argument, where: str):
+    """A task's own method (`environment`, `find_call`) on `argument`; what it raises stops the run in one line."""
+    try:
+        return function(argument)
+    except Exception as error:
+        name = getattr(function, "__qualname__", repr(function))
+        raise RunStopped(f"{name} raised during {where}: {type(error).__name__}: {error}") from None
+
+
+def _short(text: str) -> str:
+    text = " ".join(str(text).split())
+    return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
 def _cut(tokenizer, content: str, max_tokens: int) -> str:
-    """`content` cut to its first `max_tokens` tokens (it is the tool's text, not sampled: re-encoding is fine)."""
+    """`content` cut to its first `max_tokens` tokens (it is the tool's text, not sampled: re-encoding is fine); the
+    characters are cut first (no token is shorter than a character), so a huge result costs nothing to tokenize."""
+    content = content[: 8 * max_tokens + 8] if len(content) > 8 * max_tokens + 8 else content
     tokens = tokenizer(content, add_special_tokens=False)["input_ids"]
     return content if len(tokens) <= max_tokens else tokenizer.decode(tokens[:max_tokens])
 

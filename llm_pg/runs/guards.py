@@ -80,11 +80,11 @@ def checked_scores(
 
 
 def checked_outcomes(
-    scorer: TaskScorer, calls: Sequence[tuple[ToolEnvironment, str, str]], rows: Sequence[int], where: str
+    scorer: TaskScorer, calls: Sequence[tuple[ToolEnvironment, str, str]], rows: Sequence[str], where: str
 ) -> list[ToolOutcome]:
     """Every call's `ToolOutcome` (`TaskScorer.call_tools`); RunStopped, in one line naming the row and the call, at
     the first that raised (other than `ToolError`), returned a non-string, exited, hung past the time limit or took
-    its worker down."""
+    its worker down. `rows` names each call's row for the message."""
     if not calls:
         return []
     results = scorer.call_tools(calls)
@@ -92,7 +92,7 @@ def checked_outcomes(
         if isinstance(result, Failure) and result.kind != "skipped":
             call = " ".join(text.split())
             call = repr(call if len(call) <= 60 else call[:57] + "...")
-            what = f"tool {name!r} of task {type(scorer.task).__name__} on row {row} of {where} (input {call})"
+            what = f"tool {name!r} of task {type(scorer.task).__name__} on {row} of {where} (input {call})"
             if result.kind == "timeout":
                 raise RunStopped(
                     f"{what} did not return within data.reward_timeout={scorer.timeout:g} s, stuck at "
@@ -159,7 +159,7 @@ def stop_together(module, failure: RunStopped | None, where: str) -> None:
         flag = torch.tensor(float(failure is not None), device=module.device)
         torch.distributed.all_reduce(flag)
         if flag.item() and failure is None:
-            failure = RunStopped(f"another rank's rewards stopped the run at {where} (its line names the row)")
+            failure = RunStopped(f"another rank's rewards or tools stopped the run at {where} (its line names the row)")
     if failure is not None:
         raise failure
 

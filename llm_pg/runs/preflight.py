@@ -94,19 +94,34 @@ def check_model(hp: Any, lora: Any, task: Task | None = None) -> None:
                 "turns are framed by the chat template; set chat_template: true"
             )
         try:
-            check_tool_template(tokenizer, task, repr(name))
+            check_tool_template(tokenizer, task, repr(name), end_ids(resolve_model_path(name), tokenizer))
         except TemplateError as error:
             raise ValueError(f"data.task: {error}") from None
     if lora is not None and lora.r > 0:
         _check_lora_targets(resolve_model_path(name), list(lora.target_modules))
 
 
-def check_tool_template(tokenizer, task: Task, name: str = "the model") -> None:
+def end_ids(path: str, tokenizer) -> list[int]:
+    """The ids that end a turn, as the run reads them (`eos_token_ids`): the checkpoint's generation config EOS ids
+    (when it has a readable one) and the tokenizer's."""
+    from transformers import GenerationConfig
+
+    try:
+        configured = GenerationConfig.from_pretrained(path).eos_token_id
+    except (OSError, ValueError):
+        configured = None
+    ids = [configured] if isinstance(configured, int) else list(configured or [])
+    return sorted(set(ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])))
+
+
+def check_tool_template(tokenizer, task: Task, name: str = "the model", eos: list[int] | None = None) -> None:
     """Refuse (`TemplateError`), before training, a chat template that cannot frame `task`'s tool turns token for
-    token: one that rewrites earlier turns (`ChatObservations.check`). A no-op for tasks without tools."""
+    token: one that rewrites earlier turns, refuses the tool role or closes no turn (`ChatObservations.check`).
+    `eos`: the ids that end a turn (the tokenizer's EOS when not given). A no-op for tasks without tools."""
     if not isinstance(task, ToolTask):
         return
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    if eos is None:
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ChatObservations(tokenizer, task.observation_role, eos, name).check(task.messages(Example("1+1=?", "2")))
 
 
