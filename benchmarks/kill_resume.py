@@ -1,6 +1,7 @@
 """Kill the tiny main job at random moments, resume it, and check it ends exactly where an uninterrupted run ends.
 
     .venv/bin/python benchmarks/kill_resume.py [--kills 10] [--iterations 12] [--runs-root /dev/shm/...] [--seed 0]
+        [--config configs/tiny/calc_arith_grpo.yaml]   (a tool task: multi-turn episodes)
 
 One uninterrupted run of `configs/tiny/format_copy_grpo.yaml` (fewer iterations, no evaluation but the first
 and last) is the reference. Then, `--kills` times: the same run is started and killed with SIGKILL or SIGTERM
@@ -34,8 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/tiny/format_copy_grpo.yaml"
 
 
-def fit_command(runs_root: Path, name: str, iterations: int, extra: list[str], resume: bool = False) -> list[str]:
-    command = [sys.executable, "-m", "llm_pg.cli.fit", "fit", f"--config={ROOT / CONFIG}", f"--runs_root={runs_root}"]
+def fit_command(
+    runs_root: Path, name: str, iterations: int, extra: list[str], resume: bool = False, config: str = CONFIG
+) -> list[str]:
+    command = [sys.executable, "-m", "llm_pg.cli.fit", "fit", f"--config={ROOT / config}", f"--runs_root={runs_root}"]
     command += [f"--run_name={name}", f"--model.init_args.iterations={iterations}", "--model.init_args.eval_every=1000"]
     command += ["--wandb_project=null", "--trainer.enable_progress_bar=false", *extra]
     return command + (["--ckpt_path=last"] if resume else [])
@@ -118,11 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments (the runs use seed 0)")
     shm = Path("/dev/shm")
     parser.add_argument("--runs-root", type=Path, default=(shm if shm.is_dir() else Path(tempfile.gettempdir())))
+    parser.add_argument("--config", default=CONFIG, help="the run's config, relative to the repository (%(default)s)")
     args = parser.parse_args(argv)
     runs_root = Path(tempfile.mkdtemp(prefix="llm_pg_kill_", dir=args.runs_root))
     print(f"runs in {runs_root} (TMPDIR {tempfile.gettempdir()}); {args.iterations} iterations", flush=True)
     start = time.perf_counter()
-    assert run(fit_command(runs_root, "reference", args.iterations, [])) == 0, "the reference run failed"
+    assert run(fit_command(runs_root, "reference", args.iterations, [], config=args.config)) == 0, (
+        "the reference run failed"
+    )
     duration = time.perf_counter() - start
     print(f"reference: {duration:.1f} s uninterrupted", flush=True)
     rng = random.Random(args.seed)
@@ -133,11 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         saves = rng.randrange(0, args.iterations)  # 0: before the first checkpoint (start-up or iteration 1)
         delay = 0.0 if write else rng.uniform(0.0, 2.0 * duration / args.iterations)  # up to two iterations
         name = f"kill{k}"
-        command = fit_command(runs_root, name, args.iterations, [])
+        command = fit_command(runs_root, name, args.iterations, [], config=args.config)
         kill = start_and_kill(command, runs_root / name / "checkpoints", signum, saves, delay, write)
         last = runs_root / name / "checkpoints" / "last.ckpt"
         saved = read_header(last)[0] if verify(last) is None else None
-        attempts = resume_until_done(fit_command(runs_root, name, args.iterations, [], resume=True))
+        attempts = resume_until_done(fit_command(runs_root, name, args.iterations, [], resume=True, config=args.config))
         same = same_run(runs_root / "reference", runs_root / name)
         failures += not all(same.values())
         where = "during a checkpoint write" if kill["write"] else "at a random moment"
