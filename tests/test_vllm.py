@@ -470,6 +470,7 @@ def test_tool_episodes_continue_from_ids_with_vllms_logprobs_of_the_models_token
             f"--config={ROOT / 'configs/tiny/calc_arith_grpo.yaml'}",
             "--model.init_args.iterations=2",
             "--data.prompts_per_step=4",
+            "--model.init_args.minibatch_size=16",
             "--data.task.init_args.eval_size=8",
             f"--runs_root={tmp_path}",
             "--run_name=run",
