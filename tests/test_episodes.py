@@ -341,6 +341,7 @@ def test_gradient_is_zero_at_tool_tokens(tiny_tokenizer):
     assert torch.all(logp.grad[out.loss_mask] != 0)
 
 
+@pytest.mark.slow  # spawns a reward worker (about 9 s here)
 def test_tools_run_in_workers_under_the_time_limit(tiny_tokenizer):
     """A user's tools (defined outside llm_pg) run in the reward workers; the built-in calculator in-process."""
     task = Echo(max_turns=2)
@@ -428,6 +429,7 @@ def test_a_tool_cannot_write_turn_boundaries_and_a_huge_result_is_cut(tiny_token
     assert after_call.count("<|im_start|>") == 2  # the template's own: the tool turn and the next prompt
 
 
+@pytest.mark.slow  # spawns a reward worker (about 9 s here)
 def test_a_task_hook_that_raises_or_an_environment_that_cannot_travel_stops_the_run(tiny_tokenizer):
     class BadFind(Echo):
         def find_call(self, turn):

@@ -116,7 +116,7 @@ SHIPPED = sorted((ROOT / "configs" / "sweeps").glob("*.yaml"))
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_shipped_sweeps_parse_with_the_real_cli(path, capsys, monkeypatch):
     runs, sweep = _expanded(path, monkeypatch)
-    assert len({r.label for r in runs}) >= 5 and len(sweep["seeds"]) >= 1
+    assert len({r.label for r in runs}) >= 2 and len(sweep["seeds"]) >= 1  # an ablation, or two arms compared
     _parse_with_the_real_cli(runs, sweep, capsys)
 
 
