@@ -168,8 +168,9 @@ def _short(text: str) -> str:
 
 
 def _cut(tokenizer, content: str, max_tokens: int) -> str:
-    """`content` cut to its first `max_tokens` tokens (it is the tool's text, not sampled: re-encoding is fine); the
-    characters are cut first (no token is shorter than a character), so a huge result costs nothing to tokenize."""
+    """`content` cut to its first `max_tokens` tokens (it is the tool's text, not sampled: re-encoding is fine). It is
+    first cut to 8 characters per allowed token (more than a token of text usually holds), so a huge result costs
+    nothing to tokenize."""
     content = content[: 8 * max_tokens + 8] if len(content) > 8 * max_tokens + 8 else content
     tokens = tokenizer(content, add_special_tokens=False)["input_ids"]
     return content if len(tokens) <= max_tokens else tokenizer.decode(tokens[:max_tokens])
