@@ -21,7 +21,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/llm-pg fit --config configs/tiny/format_copy_grpo.yaml --overwrite true
 
-# `make test` (under 10 minutes on 2 cores) leaves the end-to-end runs of half a minute or more (marker `slow`) and
+# `make test` (under 10 minutes on 2 cores) leaves the end-to-end runs of half a minute or more, and compiles and
+# reward-worker spawns of ten seconds or more (marker `slow`), and
 # the multi-process runs (DDP, FSDP2, two nodes; marker `distributed`) to `make test-slow`; the GPU check's smoke
 # test runs in `make test-vllm`, where it covers the HF steps and vLLM's too. CI runs all three.
 test: $(STAMP)

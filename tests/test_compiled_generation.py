@@ -85,6 +85,7 @@ def test_compiled_decoding_gives_the_eager_logits_to_float_rounding(model_and_to
     assert "forward" not in vars(model)  # the class's eager forward again after the call
 
 
+@pytest.mark.slow  # compiles (10-17 s here)
 def test_compiled_calls_are_the_decode_steps_and_nothing_recompiles(random_model_dir, monkeypatch):
     model, tokenizer = AutoModelForCausalLM.from_pretrained(random_model_dir), load_tokenizer(random_model_dir)
     calls = _counting_compile(monkeypatch, type(model))
@@ -124,6 +125,7 @@ def test_compiled_sampling_follows_weights_updated_in_place(random_model_dir, mo
     assert len(calls) == 2 * 11  # both compiled runs decoded compiled
 
 
+@pytest.mark.slow  # compiles (10-17 s here)
 def test_a_lora_policy_compiles_its_wrapped_model(random_model_dir, monkeypatch):
     from peft import LoraConfig, get_peft_model
 
@@ -197,6 +199,7 @@ def test_compile_generation_with_vllm_is_refused():
         GRPOModule(model_name_or_path="tiny", rollout_engine="vllm", compile_generation=True)
 
 
+@pytest.mark.slow  # compiles (10-17 s here)
 def test_a_fit_samples_compiled_and_trains_eagerly(tmp_path, random_model_dir, monkeypatch):
     from conftest import fit
     from transformers import LlamaForCausalLM

@@ -339,6 +339,7 @@ def test_report_of_real_runs_writes_pngs_and_a_table_matching_the_csvs(swept, tm
     assert "## Eval completions" in text and "Evaluation at iteration 3" in text
 
 
+@pytest.mark.slow
 def test_real_runs_log_the_new_metrics_every_iteration_and_full_generation_rows(swept):
     run = swept / "runs" / "mini" / "base_seed0"
     train = [r for r in csv_rows(run) if "train/reward" in r]
@@ -354,6 +355,7 @@ def test_real_runs_log_the_new_metrics_every_iteration_and_full_generation_rows(
     assert {"iteration", "answer", "correct", "length", "truncated", "advantage"} <= set(generations[0])
 
 
+@pytest.mark.slow
 def test_sweep_again_skips_the_finished_runs(swept, capsys):
     assert sweep.main([str(swept / "mini.yaml"), "--runs_root", str(swept / "runs")]) == 0
     assert capsys.readouterr().out.count("(done, skipped)") == 2
