@@ -78,24 +78,25 @@ def score_one(task: Task, completion: str, example: Example) -> Score | Failure:
         return task.score(completion, example)
     except RewardError as error:
         return Failure("reward_error", str(error))
-    except SystemExit as error:
-        return Failure("exit", f"called sys.exit({error.code!r})")
-    except KeyboardInterrupt:
-        return Failure("exit", "raised KeyboardInterrupt")
-    except Exception as error:
-        return Failure("raised", task_frames(error))
+    except (SystemExit, KeyboardInterrupt, Exception) as error:
+        return failure_of(error)
 
 
 def tool_one(task: Task, environment: ToolEnvironment, name: str, text: str) -> ToolOutcome | Failure:
     """`call_tool`, every way a tool can fail (other than a `ToolError`, an observation) turned into a `Failure`."""
     try:
         return call_tool(environment, name, text)
-    except SystemExit as error:
+    except (SystemExit, KeyboardInterrupt, Exception) as error:
+        return failure_of(error)
+
+
+def failure_of(error: BaseException) -> Failure:
+    """The `Failure` of user code that called `sys.exit`, raised KeyboardInterrupt, or raised."""
+    if isinstance(error, SystemExit):
         return Failure("exit", f"called sys.exit({error.code!r})")
-    except KeyboardInterrupt:
+    if isinstance(error, KeyboardInterrupt):
         return Failure("exit", "raised KeyboardInterrupt")
-    except Exception as error:
-        return Failure("raised", task_frames(error))
+    return Failure("raised", task_frames(error))
 
 
 def serve_one(task: Task, kind: str, payload: tuple) -> Score | ToolOutcome | Failure:
