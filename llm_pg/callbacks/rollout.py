@@ -15,7 +15,7 @@ from llm_pg.core.losses import completion_mask, overlong_penalty, settled_groups
 from llm_pg.core.rollout import RolloutBatch, concat_rollouts, derive_seed
 from llm_pg.core.variants import clipped_advantages, truncated_rows, unsettled_rows
 from llm_pg.data.tasks.base import Example, Score, Task
-from llm_pg.engines.episodes import EpisodeGeneration, generate_for
+from llm_pg.engines.episodes import EpisodeGeneration, episode_sums, generate_for
 from llm_pg.engines.vllm import VLLMGeneration
 from llm_pg.models.generation import PromptTooLong, eos_token_ids
 from llm_pg.runs.guards import RunStopped, prompt_stop, scorer_of, scores_or_stop, stop_together
@@ -257,19 +257,8 @@ def rollout_metrics(
         metrics[f"train/reward_{name}_std"] = values.std(unbiased=False).item()
     if sampling_seconds is not None and sampling_seconds > 0:
         metrics["time/tokens_per_s"] = lengths.sum().item() / sampling_seconds
-    if rollout.turns is not None:  # a tool task's episodes
-        metrics |= episode_metrics(rollout, "train/")
+    if rollout.turns is not None:  # a tool task's episodes: means per row, and the context the last turn saw
+        sums = episode_sums(rollout.turns, rollout.tool_calls, rollout.tool_errors)
+        metrics |= {f"train/{name}": value / len(rollout) for name, value in sums.items()}
+        metrics["train/context_len"] = rollout.attention_mask.sum(1).float().mean().item()
     return metrics
-
-
-def episode_metrics(rollout: RolloutBatch, prefix: str) -> dict[str, float]:
-    """Means over the rows of a rollout of episodes: model `turns`, `tool_calls` run, `tool_errors` (calls answered
-    with an error observation), `tool_call_rate` (the share of rows with a call) and `context_len` (the real tokens
-    of prompt and completion region, the context the last turn saw)."""
-    return {
-        f"{prefix}turns": rollout.turns.float().mean().item(),
-        f"{prefix}tool_calls": rollout.tool_calls.float().mean().item(),
-        f"{prefix}tool_errors": rollout.tool_errors.float().mean().item(),
-        f"{prefix}tool_call_rate": (rollout.tool_calls > 0).float().mean().item(),
-        f"{prefix}context_len": rollout.attention_mask.sum(1).float().mean().item(),
-    }

@@ -23,7 +23,7 @@ import torch
 
 from llm_pg.core.rollout import derive_seed, rank_and_world_size
 from llm_pg.data.tasks.base import Example, Score, Task
-from llm_pg.engines.episodes import EpisodeGeneration, generate_for
+from llm_pg.engines.episodes import EpisodeGeneration, episode_sums, generate_for
 from llm_pg.models.generation import PromptTooLong
 from llm_pg.runs.guards import RunStopped, checked_scores, prompt_stop, scorer_of, stop_together
 
@@ -123,7 +123,8 @@ def _evaluate_shard(module: L.LightningModule, task: Task, examples: Sequence[Ex
             texts = generation.texts
             if isinstance(generation, EpisodeGeneration):
                 shard.transcripts.extend(generation.transcripts)
-                for name, value in episode_sums(generation).items():
+                sums = episode_sums(generation.turns, generation.tool_calls, generation.tool_errors)
+                for name, value in sums.items():
                     shard.metrics[name] = shard.metrics.get(name, 0.0) + value
             scores = checked_scores(
                 scorer_of(module, task), texts, batch, module.iteration, "evaluation at"
@@ -138,17 +139,6 @@ def _evaluate_shard(module: L.LightningModule, task: Task, examples: Sequence[Ex
         failure = stop
     stop_together(module, failure, f"evaluation at iteration {module.iteration}")  # ranks' shards differ in size
     return shard
-
-
-def episode_sums(generation: EpisodeGeneration) -> dict[str, float]:
-    """Sums over a batch of greedy episodes: `tool_call_rate` (episodes with a call), `tool_calls`, `tool_errors`,
-    `turns` (divided by the set's size with the other metrics)."""
-    return {
-        "tool_call_rate": float((generation.tool_calls > 0).sum()),
-        "tool_calls": float(generation.tool_calls.sum()),
-        "tool_errors": float(generation.tool_errors.sum()),
-        "turns": float(generation.turns.sum()),
-    }
 
 
 def evaluate(module: L.LightningModule, task: Task, examples: Sequence[Example]) -> Evaluation:

@@ -32,7 +32,7 @@ from llm_pg.data.tasks.tools import ToolTask, model_text
 from llm_pg.models.chat import ChatObservations, TemplateError
 from llm_pg.models.generation import Generation, Sampling, context_length, encode_prompts, eos_token_ids
 from llm_pg.models.parallel import unsharded
-from llm_pg.runs.guards import RunStopped, checked_outcomes, scorer_of
+from llm_pg.runs.guards import RunStopped, checked_outcomes, quoted, scorer_of
 
 
 @dataclass
@@ -118,7 +118,7 @@ def run_episodes(
         outcomes = checked_outcomes(
             scorer,
             [(environments[r], name, arg) for r, name, arg in wanted],
-            [f"row {r} (prompt {_short(row_example[r].prompt)})" for r, _, _ in wanted],
+            [f"row {r} (prompt {quoted(row_example[r].prompt, 60)})" for r, _, _ in wanted],
             where,
         )
         active = []
@@ -153,6 +153,17 @@ def run_episodes(
     )
 
 
+def episode_sums(turns: Tensor, tool_calls: Tensor, tool_errors: Tensor) -> dict[str, float]:
+    """Sums over episodes (`[N]` each) of `turns`, `tool_calls`, `tool_errors` and `tool_call_rate` (episodes with a
+    call): divided by the episode count, the metrics of a rollout and of an evaluation."""
+    return {
+        "turns": float(turns.sum()),
+        "tool_calls": float(tool_calls.sum()),
+        "tool_errors": float(tool_errors.sum()),
+        "tool_call_rate": float((tool_calls > 0).sum()),
+    }
+
+
 def hook(function, argument, where: str):
     """A task's own method (`environment`, `find_call`) on `argument`; what it raises stops the run in one line."""
     try:
@@ -160,11 +171,6 @@ def hook(function, argument, where: str):
     except Exception as error:
         name = getattr(function, "__qualname__", repr(function))
         raise RunStopped(f"{name} raised during {where}: {type(error).__name__}: {error}") from None
-
-
-def _short(text: str) -> str:
-    text = " ".join(str(text).split())
-    return repr(text if len(text) <= 60 else text[:57] + "...")
 
 
 def _cut(tokenizer, content: str, max_tokens: int) -> str:

@@ -51,7 +51,12 @@ class Generation:
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Every id that ends a completion: the model's generation config EOS ids plus the tokenizer's."""
-    configured = model.generation_config.eos_token_id
+    return configured_eos_ids(model.generation_config, tokenizer)
+
+
+def configured_eos_ids(generation_config, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The EOS ids of a generation config (one id, a list, or None) plus the tokenizer's, sorted."""
+    configured = getattr(generation_config, "eos_token_id", None)
     ids = [configured] if isinstance(configured, int) else list(configured or [])
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
@@ -112,13 +117,18 @@ def encode_prompts(
     for row, ids in enumerate(encoded):
         if context is not None and len(ids) + max_new_tokens > context:
             raise PromptTooLong(row, len(ids), context, max_new_tokens)
-    width = max(len(ids) for ids in encoded)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
-    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    for row, ids in enumerate(encoded):
+    return left_padded(encoded, pad)
+
+
+def left_padded(rows: Sequence[Sequence[int]], pad: int) -> dict[str, Tensor]:
+    """`input_ids` `[B, W]` (each row's ids at the right, `pad` before them) and `attention_mask` (1 on the ids)."""
+    width = max(len(ids) for ids in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, ids in enumerate(rows):
         if ids:
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            input_ids[row, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask}
 
@@ -182,15 +192,10 @@ def continue_ids(
     each row's new ids up to and including its first EOS, or `sampling.max_new_tokens` of them. The contexts are
     left-padded into one batch; nothing is re-tokenized."""
     device = next(model.parameters()).device
-    width = max(len(ids) for ids in contexts)
     eos = eos_token_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    ids = torch.full((len(contexts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(contexts), width), dtype=torch.long)
-    for row, context in enumerate(contexts):
-        ids[row, width - len(context) :] = torch.tensor(list(context), dtype=torch.long)
-        mask[row, width - len(context) :] = 1
-    out = sample_ids(model, tokenizer, ids.to(device), mask.to(device), sampling, seed, None, compiled).tolist()
+    batch = left_padded(contexts, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0])
+    ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+    out = sample_ids(model, tokenizer, ids, mask, sampling, seed, None, compiled).tolist()
     rows = []
     for row in out:
         ends = [i for i, token in enumerate(row) if token in eos]

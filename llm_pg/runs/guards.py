@@ -30,20 +30,20 @@ class RunStopped(RuntimeError):
     exit_code = 1
 
 
+def quoted(text: str, limit: int = 80) -> str:
+    """`text` for a one-line message: whitespace runs as one space, at most `limit` characters, quoted."""
+    text = " ".join(str(text).split())
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
 def prompt_stop(error: PromptTooLong, examples: Sequence[Example], where: str) -> RunStopped:
     """The run's stop for a prompt the model's context cannot hold (`PromptTooLong`), naming the example."""
-    text = " ".join(str(examples[error.row].prompt).split())
-    text = repr(text if len(text) <= 80 else text[:77] + "...")
-    return RunStopped(f"the prompt {text} ({where}) has {error}")
+    return RunStopped(f"the prompt {quoted(examples[error.row].prompt)} ({where}) has {error}")
 
 
 def _row_text(row: int, iteration: int, example: Example, completion: str, where: str) -> str:
-    def short(text: str) -> str:
-        text = " ".join(str(text).split())
-        return repr(text if len(text) <= 80 else text[:77] + "...")
-
     return (
-        f"row {row} of {where} iteration {iteration} (prompt {short(example.prompt)}, completion {short(completion)})"
+        f"row {row} of {where} iteration {iteration} (prompt {quoted(example.prompt)}, completion {quoted(completion)})"
     )
 
 
@@ -90,9 +90,7 @@ def checked_outcomes(
     results = scorer.call_tools(calls)
     for (_, name, text), row, result in zip(calls, rows, results, strict=True):
         if isinstance(result, Failure) and result.kind != "skipped":
-            call = " ".join(text.split())
-            call = repr(call if len(call) <= 60 else call[:57] + "...")
-            what = f"tool {name!r} of task {type(scorer.task).__name__} on {row} of {where} (input {call})"
+            what = f"tool {name!r} of task {type(scorer.task).__name__} on {row} of {where} (input {quoted(text, 60)})"
             if result.kind == "timeout":
                 raise RunStopped(
                     f"{what} did not return within data.reward_timeout={scorer.timeout:g} s, stuck at "

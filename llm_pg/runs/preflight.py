@@ -106,12 +106,13 @@ def end_ids(path: str, tokenizer) -> list[int]:
     (when it has a readable one) and the tokenizer's."""
     from transformers import GenerationConfig
 
+    from llm_pg.models.generation import configured_eos_ids
+
     try:
-        configured = GenerationConfig.from_pretrained(path).eos_token_id
+        config = GenerationConfig.from_pretrained(path)
     except (OSError, ValueError):
-        configured = None
-    ids = [configured] if isinstance(configured, int) else list(configured or [])
-    return sorted(set(ids + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])))
+        config = None
+    return configured_eos_ids(config, tokenizer)
 
 
 def check_tool_template(tokenizer, task: Task, name: str = "the model", eos: list[int] | None = None) -> None:
