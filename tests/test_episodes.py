@@ -2,6 +2,7 @@
 template, the limits, tool failures, seeding, and the gradient at tool positions."""
 
 import pickle
+import sys
 import threading
 import time
 
@@ -58,7 +59,7 @@ class Echo(ToolTask):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.tools = {"echo": echo, "boom": boom, "junk": junk, "fail": fail}
+        self.tools = {"echo": echo, "boom": boom, "junk": junk, "fail": fail, "hang": hang, "leave": leave}
 
     def train_example(self, index, seed):
         return Example(f"say {index}", str(index))
@@ -77,6 +78,15 @@ class Unpicklable(Echo):
         environment = super().environment(example)
         environment.lock = threading.Lock()
         return environment
+
+
+def hang(text):
+    while True:
+        time.sleep(1)
+
+
+def leave(text):
+    sys.exit(3)
 
 
 def echo(text):
@@ -443,5 +453,23 @@ def test_a_task_hook_that_raises_or_an_environment_that_cannot_travel_stops_the_
     try:
         with pytest.raises(RunStopped, match="cannot send it to a worker: TypeError"):
             episodes(tiny_tokenizer, task, [["<echo>a</echo>", "ok"]], tools=scorer)
+    finally:
+        scorer.close()
+
+
+@pytest.mark.slow  # spawns a reward worker and waits out a 2 s time limit
+def test_a_tool_that_hangs_or_exits_in_its_worker_stops_the_run_in_one_line(tiny_tokenizer):
+    task = Echo(max_turns=2)
+    scorer = TaskScorer(task, workers=1, timeout=2)
+    try:
+        with pytest.raises(
+            RunStopped, match=r"tool 'hang' .* did not return within data.reward_timeout=2 s, stuck at "
+        ):
+            episodes(tiny_tokenizer, task, [["<hang>x</hang>", "ok"]], tools=scorer)
+        with pytest.raises(RunStopped, match=r"tool 'leave' .* called sys.exit\(3\); a tool must return a string") as e:
+            episodes(tiny_tokenizer, task, [["<leave>x</leave>", "ok"]], tools=scorer)
+        assert "\n" not in str(e.value)
+        out, _ = episodes(tiny_tokenizer, task, [["<echo>after</echo>", "ok"]], tools=scorer)  # the pool goes on
+        assert "tool\nafter<|im_end|>" in out.transcripts[0]
     finally:
         scorer.close()
