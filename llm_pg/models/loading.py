@@ -33,15 +33,15 @@ class LoRA:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """`tiny` names the bundled model (`tiny-tools` its tool-aware fine-tune), `smollm2-135m-instruct` the one
-    `llm-pg real-model` prepared (one line giving the command when it has not); a path-like name must exist; anything
-    else is a hub id."""
+    """`tiny` names the bundled model (`tiny-tools` its tool-aware fine-tune), a name of `real_model.MODELS`
+    (`smollm2-135m-instruct`, `qwen2.5-coder-0.5b-instruct`, ...) the one `llm-pg real-model` prepared (one line giving
+    the command when it has not); a path-like name must exist; anything else is a hub id."""
     if name_or_path == "tiny":
         return TINY_MODEL
     if name_or_path == "tiny-tools":
         return TINY_TOOLS_MODEL
-    if name_or_path == real_model.NAME:
-        return str(real_model.prepared_dir())
+    if name_or_path in real_model.MODELS:
+        return str(real_model.prepared_dir(name_or_path))
     looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).exists()
     if looks_local and not Path(name_or_path).expanduser().is_dir():
         raise ValueError(
