@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from make_qwen_fixture import DEFAULT_SYSTEM_PROMPT, ENDOFTEXT, IM_END, MODEL_VOCAB_SIZE, TOKENIZER_SIZE
 from transformers import LogitsProcessorList
 
-from llm_pg.models.generation import Sampling, encode_prompts, eos_token_ids, generate
+from llm_pg.models.generation import Sampling, encode_prompts, eos_token_ids, generate, unused_token_ids
 from llm_pg.models.loading import load_tokenizer
 from llm_pg.models.sampling import NucleusSampler
 
@@ -148,7 +148,10 @@ def test_sampling_overrides_the_generation_config(qwen_model_dir):
     )
     prompt = _prompt(tokenizer, 6)
     eos, pad = eos_token_ids(model, tokenizer), tokenizer.pad_token_id
+    unused = unused_token_ids(model, tokenizer)  # the head's rows past the tokenizer, as Qwen's: never drawn
+    assert unused and int(ours.completion_ids.max()) < len(tokenizer)
     common = {**prompt, "max_new_tokens": 12, "eos_token_id": eos, "pad_token_id": pad, "do_sample": False}
+    common["suppress_tokens"] = unused
     sampler = LogitsProcessorList([NucleusSampler(0.8, 0.95)])
     torch.manual_seed(3)
     explicit = model.generate(**common, logits_processor=sampler, repetition_penalty=1.0)

