@@ -154,10 +154,10 @@ def test_the_prepared_model_is_the_recorded_one(spec, model_dir, tokenizer):
     path = real_model.model_dir(spec.name)
     manifest = json.loads((path / real_model.MANIFEST).read_text())
     recorded = real_model.MODELS[spec.name]
-    if isinstance(manifest["wheel_sha256"], list):  # a manifest of before the model table held one digest
+    if isinstance(manifest["wheel_sha256"], list):
         assert manifest["wheel_sha256"] == [w.sha256 for w in recorded.wheels]
         assert (manifest["gguf_sha256"], manifest["gguf_name"]) == (recorded.gguf_sha256, recorded.gguf_name)
-    else:
+    else:  # a SmolLM2 prepared before the model table: its manifest holds the one wheel's digest
         assert manifest["wheel_sha256"] == recorded.wheels[0].sha256
     assert real_model.check(path) == []  # every file as recorded when it was prepared
     config = AutoModelForCausalLM.from_pretrained(model_dir).config
@@ -222,13 +222,24 @@ def test_completions_end_at_the_first_end_id_and_the_mask_with_them(spec, policy
 
 def test_the_heads_rows_past_the_tokenizer_are_never_sampled_and_decode(spec, policy_and_rollout, tokenizer):
     # Qwen's head has 271 rows past its 151,665 tokens (the GGUF's [PAD<id>] placeholders, dropped from the prepared
-    # tokenizer): sampling leaves them out, even at T 2 without a nucleus; decoding any id never raises.
+    # tokenizer): sampling leaves them out, even at T 2 without a nucleus; decoding any id never raises. SmolLM2 has
+    # none, so there the hook changes nothing that could be drawn.
+    # With those rows' logits raised by 100 they would be nearly every draw; they must still never appear.
     policy, rollout = policy_and_rollout
     unused = unused_token_ids(policy, tokenizer)
     assert unused == list(range(spec.tokens, spec.shape[2]))
-    with policy.disable_adapter():
-        hot = generate(policy, tokenizer, conversations(2), Sampling(max_new_tokens=24, temperature=2.0), seed=3)
-    for ids in (rollout.input_ids, hot.completion_ids):
+
+    def favour_unused(module, args, logits):
+        return torch.cat([logits[..., : spec.tokens], logits[..., spec.tokens :] + 100.0], dim=-1)
+
+    hook = policy.get_output_embeddings().register_forward_hook(favour_unused)
+    try:
+        with policy.disable_adapter():
+            hot = generate(policy, tokenizer, conversations(2), Sampling(max_new_tokens=8, temperature=2.0), seed=3)
+            greedy = generate(policy, tokenizer, conversations(2), Sampling(max_new_tokens=8, greedy=True))
+    finally:
+        hook.remove()
+    for ids in (rollout.input_ids, hot.completion_ids, greedy.completion_ids):
         assert int(ids.max()) < spec.tokens
     assert isinstance(tokenizer.decode(list(range(spec.tokens - 8, spec.shape[2]))), str)
 

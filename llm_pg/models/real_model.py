@@ -166,7 +166,6 @@ QWEN_15B = RealModel(
 
 MODELS: dict[str, RealModel] = {m.name: m for m in (SMOLLM2, QWEN_05B, QWEN_15B)}
 DEFAULT = SMOLLM2.name
-NAME = DEFAULT  # the name this module had when it prepared one model; kept for code that imports it
 
 
 class RealModelMissing(ValueError):
