@@ -117,3 +117,31 @@ def test_every_key_of_the_classes_a_config_names_has_help(cls):
     parser.add_class_arguments(cls, "key")
     assert len(parser._actions) > 2
     assert _keys_without_help(parser) == []
+
+
+# Each command given a file or folder that is wrong (the command line itself is right): one line on stderr, exit 2,
+# no usage text, nothing created. `afile` exists and is a file; every other path does not exist.
+WRONG_FILES = {
+    "sweep": (["sweep", "{tmp}/missing.yaml"], "llm-pg sweep: error: {tmp}/missing.yaml: cannot read the sweep file"),
+    "report": (["report", "{tmp}/missing", "--out", "{tmp}/out"], "llm-pg report: error: {tmp}/missing: no metrics"),
+    "bundle": (["bundle", "{tmp}/missing", "--out", "{tmp}/b.zip"], "llm-pg bundle: error: {tmp}/missing: no config"),
+    "real-model": (["real-model", "--wheel", "{tmp}/missing.whl"], "llm-pg real-model: error: --wheel {tmp}/missing"),
+    "pretrain-tiny": (["pretrain-tiny", "--out", "{tmp}/afile"], "llm-pg pretrain-tiny: error: --out {tmp}/afile is"),
+    "eval-tiny": (["eval-tiny", "--model", "{tmp}/missing"], "llm-pg eval-tiny: error: --model {tmp}/missing: no"),
+    "fit": (["fit", "--config", "{tmp}/missing.yaml"], 'llm-pg: error: Parser key "config": File does not exist'),
+    "validate": (["validate", "--config", "{tmp}/missing.yaml"], 'llm-pg: error: Parser key "config": File does'),
+}
+
+
+@pytest.mark.parametrize("command", WRONG_FILES)
+def test_a_wrong_file_is_one_line_without_the_usage_for_every_command(command, tmp_path, capsys, monkeypatch):
+    assert set(WRONG_FILES) == set(COMMANDS)  # every command is tried
+    words, expected = WRONG_FILES[command]
+    (tmp_path / "afile").write_text("not a folder")
+    monkeypatch.setattr(sys, "argv", ["llm-pg"])  # fit's LightningCLI reads and sets sys.argv
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main([word.format(tmp=tmp_path) for word in words])
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2 and err.count("\n") == 1 and err.startswith(expected.format(tmp=tmp_path)), err
+    assert "usage" not in err and out == "" and [p.name for p in tmp_path.iterdir()] == ["afile"]

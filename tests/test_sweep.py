@@ -168,6 +168,8 @@ def test_override_args_refuses_keys_the_sweep_sets():
             "line 5: 'a' is given twice in one mapping (first on line 3); each run name and key once",
         ),
         ("base: configs/tiny/format_copy_grpo.yaml\nruns:\n  ..: {}\n", "name '..': use letters, digits and"),
+        ("base: configs/tiny/format_copy_grpo.yaml\nruns:\n  ../../escape: {}\n", "name '../../escape': use letters"),
+        ("name: ..\nbase: configs/tiny/format_copy_grpo.yaml\nruns:\n  a: {}\n", "name '..': use letters, digits"),
         ("base: configs/tiny/format_copy_grpo.yaml\nruns: {a: {}\n", "not valid YAML"),
         ("base: x.yaml\nseeds: [0, 0]\nruns: {a: {}}\n", "seeds repeat: [0, 0]"),
     ],
@@ -175,11 +177,21 @@ def test_override_args_refuses_keys_the_sweep_sets():
 def test_a_bad_sweep_file_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys, text, message):
     sweep_file = tmp_path / "bad.yaml"
     sweep_file.write_text(text)
+    before = sorted(tmp_path.rglob("*"))
+    status = main([str(sweep_file), "--runs_root", str(tmp_path / "runs")])
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()  # the file's mistake alone: no usage lines, no traceback
+    assert status == 2 and line.startswith(f"llm-pg sweep: error: {sweep_file}: ") and message in line, line
+    assert captured.out == "" and sorted(tmp_path.rglob("*")) == before  # nothing created
+
+
+def test_a_wrong_command_line_still_gets_the_usage(tmp_path, capsys):
+    sweep_file = tmp_path / "good.yaml"
+    sweep_file.write_text("base: configs/tiny/format_copy_grpo.yaml\nruns:\n  a: {}\n")
     with pytest.raises(SystemExit) as stopped:
-        main([str(sweep_file), "--runs_root", str(tmp_path / "runs")])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert stopped.value.code == 2 and message in err[-1], err
-    assert "Traceback" not in "\n".join(err) and not (tmp_path / "runs").exists()
+        main([str(sweep_file), "--only", "b"])
+    err = capsys.readouterr().err.splitlines()
+    assert stopped.value.code == 2 and err[0].startswith("usage: llm-pg sweep") and "--only names ['b']" in err[-1]
 
 
 def test_yaml_merge_keys_still_work_and_an_override_is_not_a_repeat(tmp_path):

@@ -213,8 +213,14 @@ ISOLATED = {  # reward functions that hang, exit or crash their process: each st
     ),
     "exiting_rewards": (
         "import sys\n\ndef score(completion, example):\n    sys.exit(0)\n",
-        "task DatasetTask called sys.exit(0) while scoring row 0 of evaluation at iteration 0",
-        "a reward must return a number, not end the process",
+        "task DatasetTask called sys.exit(0) in exiting_rewards:score (",
+        "exiting_rewards.py line 4) while scoring row 0 of evaluation at iteration 0",
+    ),
+    "interrupting_rewards": (  # the function the task called is named; the line is where the interrupt came from
+        "def _check(text):\n    raise KeyboardInterrupt\n\n\n"
+        "def score(completion, example):\n    return _check(completion)\n",
+        "task DatasetTask raised KeyboardInterrupt in interrupting_rewards:score (",
+        "interrupting_rewards.py line 2) while scoring row 0 of evaluation at iteration 0",
     ),
     "crashing_rewards": (
         "import os\n\ndef score(completion, example):\n    os._exit(3)\n",
@@ -240,11 +246,12 @@ def test_a_reward_that_hangs_exits_or_crashes_stops_the_run_in_one_line(tmp_path
 
 def test_in_process_scoring_still_stops_at_a_sys_exit(tmp_path, capsys, fresh_path):
     (tmp_path / "elsewhere").mkdir()
-    body, start, _ = ISOLATED["exiting_rewards"]
+    body, _, _ = ISOLATED["exiting_rewards"]
     config = write_experiment(tmp_path / "exp", "exiting_in_process_rewards", body)
     assert run_llm_pg(tmp_path, config, "--data.reward_workers=0") == 1
     stopped = stopped_line(capsys)
-    assert len(stopped) == 1 and start in stopped[0], stopped
+    start = "task DatasetTask called sys.exit(0) in exiting_in_process_rewards:score ("
+    assert len(stopped) == 1 and start in stopped[0] and "exiting_in_process_rewards.py line 4)" in stopped[0], stopped
 
 
 @pytest.mark.parametrize(
@@ -295,4 +302,5 @@ def test_workers_report_a_task_they_cannot_load_and_stop_scoring_after_a_failure
         results = scorer.score(["1"] * 6, examples)
     finally:
         scorer.close()
-    assert results[0] == Failure("exit", "called sys.exit(3)") and {r.kind for r in results[1:]} == {"skipped"}
+    assert results[0].kind == "exit" and {r.kind for r in results[1:]} == {"skipped"}
+    assert results[0].detail.startswith("called sys.exit(3) in test_user_modules:ExitOnFirstTask.score (")

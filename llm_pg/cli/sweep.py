@@ -211,10 +211,16 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--only", help="comma-separated subset of the run names, e.g. reference,kl_coef0.2")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     args, extra = parser.parse_known_args(list(argv))
-    try:  # every mistake in the file is one line and exit 2, before any run starts or any directory is made
-        spec = load_sweep(args.file)
-        runs = select(expand(spec), _csv(args.seeds, int), _csv(args.only))
+    try:  # every mistake in the file is one line and exit 2 (no usage: the command line was right), before any run
+        spec = load_sweep(args.file)  # starts or any directory is made
+        expanded = expand(spec)
     except ValueError as error:
+        message = str(error) if str(error).startswith(args.file) else f"{args.file}: {error}"
+        print(f"llm-pg sweep: error: {message}", file=sys.stderr)
+        return 2
+    try:
+        runs = select(expanded, _csv(args.seeds, int), _csv(args.only))
+    except ValueError as error:  # --seeds / --only: the command line's mistake, shown with its usage
         parser.error(str(error))
     if not runs:
         parser.error(f"--seeds {args.seeds} selects none of the sweep's seeds {spec.get('seeds', [0])}")

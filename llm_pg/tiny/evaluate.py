@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -145,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="exit with status 1 when a target is missed")
     args = parser.parse_args(argv)
+    if not (args.model / "config.json").is_file():
+        print(f"llm-pg eval-tiny: error: --model {args.model}: no checkpoint here (no config.json)", file=sys.stderr)
+        return 2
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llm_pg.cli.console import silence_known_noise

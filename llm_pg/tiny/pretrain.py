@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -193,6 +194,10 @@ def train(
 def main(argv: Sequence[str] | None = None) -> int:
     """Train; copy the latest candidate that met the targets to `--out` (status 1 when none did)."""
     args = parse_args(argv)
+    for flag, path in (("--out", args.out), ("--candidates", args.candidates)):
+        if path.exists() and not path.is_dir():  # found now, not after the training
+            print(f"llm-pg pretrain-tiny: error: {flag} {path} is a file; give a folder", file=sys.stderr)
+            return 2
     import torch
     from transformers import LlamaForCausalLM
     from transformers.utils import logging as hf_logging

@@ -149,7 +149,6 @@ def write_report(
     directory at the end of `fit`). `reference`: the group the others are compared with (`compare.py`; default: a
     group named `reference`, `base` or `baseline`); the comparison is written when some group has several seeds."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     runs = []
     for path in run_dirs(paths):
         try:
@@ -158,6 +157,7 @@ def write_report(
             print(f"llm-pg report: skipping {path}: {error}", file=sys.stderr)
     if not runs:
         raise SystemExit("llm-pg report: no readable run among the ones given")
+    out.mkdir(parents=True, exist_ok=True)  # once there is something to write: a wrong input leaves nothing behind
     unordered = group_runs(runs)
     groups = {name: unordered[name] for name in speed_order(unordered)}
     longest = max((len(r.series.get("train/reward", {})) for r in runs), default=0)
