@@ -104,3 +104,22 @@ def test_system_prompts_by_name_and_one_line_errors():
         ReasoningGymTask(dataset_config={"no_such_setting": 1})
     with pytest.raises(ValueError, match=r"\{question\}"):
         ReasoningGymTask(prompt_template="Solve it")
+
+
+def test_the_boxed_variant_asks_and_scores_as_math_hard():
+    from llm_pg.data.tasks import BoxedReasoningGymTask
+    from llm_pg.data.tasks.math_hard import SYSTEM_PROMPT, score
+
+    task = BoxedReasoningGymTask("chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
+    task.bind_seed(0)
+    example = task.eval_examples[0]
+    assert task.messages(example)[0] == {"role": "system", "content": SYSTEM_PROMPT}
+    assert example.prompt.startswith("State the final answer") and example.prompt.endswith("Return only: \\boxed{NUMBER}")
+    gold = example.answer
+    completions = [f"\\boxed{{{gold}}}", f"so it is {gold}", "\\boxed{123456}", "no idea"]
+    assert [task.score(c, example).total for c in completions] == [pytest.approx(1.1), 0.1, 0.1, 0.0]
+    assert [task.score(c, example) for c in completions] == [score(c, gold) for c in completions]
+    metrics = task.eval_metrics(completions, [example] * 4)
+    assert metrics["exact_match"] == 0.25 and metrics["exact_match_relaxed"] == 0.5 and metrics["has_boxed"] == 0.5
+    with pytest.raises(ValueError, match="reasoning-gym 'word_sorting' has answers that are not numbers"):
+        BoxedReasoningGymTask("word_sorting")

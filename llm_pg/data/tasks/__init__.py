@@ -6,11 +6,12 @@ from llm_pg.data.tasks.calc_arith import CalcArithTask
 from llm_pg.data.tasks.dataset import DatasetTask
 from llm_pg.data.tasks.format_copy import FormatCopyTask
 from llm_pg.data.tasks.math_hard import MathHardTask
-from llm_pg.data.tasks.reasoning_gym import ReasoningGymTask
+from llm_pg.data.tasks.reasoning_gym import BoxedReasoningGymTask, ReasoningGymTask
 from llm_pg.data.tasks.tools import ToolEnvironment, ToolError, ToolTask
 
 __all__ = [
     "ArithTask",
+    "BoxedReasoningGymTask",
     "CalcArithTask",
     "DatasetTask",
     "Example",

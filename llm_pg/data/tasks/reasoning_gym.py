@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from llm_pg.data.tasks.base import Example, Score, Task
+from llm_pg.data.tasks.math_hard import PROMPT_TEMPLATE, SYSTEM_PROMPT, BoxedAnswerTask, gold_value
 
-__all__ = ["ReasoningGymTask", "last_answer_tag"]
+__all__ = ["BoxedReasoningGymTask", "ReasoningGymTask", "last_answer_tag"]
 
 log = logging.getLogger(__name__)
 
@@ -151,3 +152,41 @@ class ReasoningGymTask(Task):
                     log.warning("reasoning-gym '%s' scorer raised %r on an answer; scored 0", self.dataset, err)
                     self._warned = True
         return Score(total=value, correct=value >= 1.0 - 1e-9, components={"score": value})
+
+
+class BoxedReasoningGymTask(BoxedAnswerTask, ReasoningGymTask):
+    """A reasoning-gym dataset with numeric answers, asked and scored as math_hard: the course's system prompt and
+    user turn around the item's question, the reward of `math_hard.score` (boxed 0.1 + relaxed 0.1 + correct 1.0
+    on the last `\\boxed{}`) and math_hard's eval metrics (`exact_match`, `exact_match_relaxed`, `has_boxed`). The
+    items, seeds and eval set are `ReasoningGymTask`'s; the dataset's own scorer is not used. A dataset whose
+    answers are not numbers (math_hard's parser reads none) is refused when the config is parsed.
+
+    Args:
+        dataset: a reasoning-gym dataset with numeric answers, e.g. basic_arithmetic, chain_sum, gsm_symbolic.
+        dataset_config: the dataset's own settings (its config dataclass's fields), e.g. {max_terms: 2}.
+        system_prompt: the system turn (default: math_hard's), or null.
+        prompt_template: the user turn (default: math_hard's); the literal {question} is replaced by the question.
+        eval_size: eval items.
+        eval_seed: the eval set's dataset seed; null: derived from the run's seed.
+        train_size: distinct training items before the stream repeats.
+    """
+
+    name = "reasoning_gym_boxed"
+
+    def __init__(
+        self,
+        dataset: str = "basic_arithmetic",
+        dataset_config: Mapping[str, Any] | None = None,
+        system_prompt: str | None = SYSTEM_PROMPT,
+        prompt_template: str = PROMPT_TEMPLATE.replace("{problem}", "{question}"),
+        eval_size: int = 64,
+        eval_seed: int | None = None,
+        train_size: int = 100_000,
+    ) -> None:
+        super().__init__(dataset, dataset_config, system_prompt, prompt_template, eval_size, eval_seed, train_size)
+        answers = [str(item["answer"]) for item in self._create(0, 8)]
+        if any(gold_value(answer) is None for answer in answers):
+            raise ValueError(
+                f"data.task.dataset: reasoning-gym '{dataset}' has answers that are not numbers ({answers[:3]}); "
+                "BoxedReasoningGymTask scores numbers: use ReasoningGymTask for it"
+            )
