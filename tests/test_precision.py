@@ -59,3 +59,28 @@ def test_logprobs_run_in_the_compute_dtype(random_model_dir, dtype, expected):
         module.policy(input_ids=ids)
     hook.remove()
     assert seen == [expected]
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [({"avx512f", "avx512_bf16"}, torch.bfloat16), ({"amx_bf16"}, torch.bfloat16), ({"avx512f", "avx2"}, torch.float32)],
+)
+def test_dtype_auto_follows_the_cpus_bf16_instructions(random_model_dir, monkeypatch, caplog, flags, expected):
+    from llm_pg.models import loading
+
+    assert loading.auto_dtype("cuda", set())[0] == torch.bfloat16  # a GPU: bf16 whatever the host CPU has
+    monkeypatch.setattr(loading, "cpu_flags", lambda: flags)
+    module = GRPOModule(model_name_or_path=random_model_dir, dtype="auto", kl_coef=0.0)
+    with caplog.at_level("INFO"):
+        module.configure_model()
+    assert module.compute_dtype == expected
+    said = "bfloat16 (this CPU has" if expected == torch.bfloat16 else "float32 (this CPU has none of amx_bf16"
+    assert f"llm-pg: dtype auto: {said}" in caplog.text
+
+
+def test_cpu_flags_reads_the_flags_line(tmp_path):
+    from llm_pg.models.loading import cpu_flags
+
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu sse2 avx512_bf16\nbugs\t\t: none\n")
+    assert cpu_flags(str(tmp_path / "cpuinfo")) == {"fpu", "sse2", "avx512_bf16"}
+    assert cpu_flags(str(tmp_path / "missing")) == set()

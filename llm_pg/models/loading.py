@@ -56,6 +56,30 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # x86 instructions that make CPU bf16 matmuls faster than float32
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags (Linux); empty where they cannot be read."""
+    try:
+        with open(path) as info:
+            return {flag for line in info if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
+
+
+def auto_dtype(device: torch.device | str, flags: set[str] | None = None) -> tuple[torch.dtype, str]:
+    """`dtype: auto`: the faster compute dtype here, and why. bf16 on a GPU; on a CPU, bf16 where it has bf16
+    matmul instructions (two cores with avx512_bf16 ran 896x4864 matmuls at 851 GFLOP/s in bf16 against 196 in
+    float32) and float32 elsewhere (one without ran bf16 at 14.5 GFLOP/s, emulated)."""
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16, "a GPU"
+    found = [flag for flag in BF16_CPU_FLAGS if flag in (cpu_flags() if flags is None else flags)]
+    if found:
+        return torch.bfloat16, f"this CPU has {found[0]}"
+    return torch.float32, f"this CPU has none of {', '.join(BF16_CPU_FLAGS)}: bf16 would be emulated, slower"
+
+
 def master_dtype(compute_dtype: torch.dtype, lora: LoRA | None) -> torch.dtype:
     """The dtype to load the policy in: float32 for full fine-tuning (the optimizer's master weights), the
     compute dtype with LoRA (the base is frozen; peft keeps the adapter in float32)."""

@@ -36,6 +36,7 @@ from llm_pg.engines import HFEngine, SamplerHealth, build_engine
 from llm_pg.models.generation import Sampling
 from llm_pg.models.loading import (
     LoRA,
+    auto_dtype,
     default_dtype,
     load_policy,
     load_reference,
@@ -62,7 +63,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         model_name_or_path: hub id, local directory, or `tiny` for the bundled CPU model.
         iterations: RL iterations to train (one rollout and its update each).
         lora: LoRA settings; `lora.r = 0` trains every weight and keeps a frozen copy as the reference.
-        dtype: compute dtype, `bfloat16` or `float32` (null: bf16 on a GPU, float32 on the CPU). Trainable
+        dtype: compute dtype, `bfloat16` or `float32` (null: bf16 on a GPU, float32 on the CPU; `auto`: bf16 on a
+            GPU and on a CPU with avx512_bf16 or amx_bf16, float32 elsewhere, said at the start). Trainable
             weights are float32 whatever it is: full fine-tuning keeps float32 master weights, LoRA float32 adapters.
         gradient_checkpointing: recompute activations in the backward pass to save memory.
         chat_template: wrap prompts in the tokenizer's chat template.
@@ -310,7 +312,11 @@ class PolicyGradientModule(L.LightningModule, ABC):
         hp = self.hparams
         # Not self.device: the module moves to its device only after this hook.
         device = self._trainer.strategy.root_device if self._trainer is not None else self.device
-        self.compute_dtype = getattr(torch, hp.dtype) if hp.dtype else default_dtype(device)
+        if hp.dtype == "auto":
+            self.compute_dtype, why = auto_dtype(device)
+            rank_zero_info(f"llm-pg: dtype auto: {str(self.compute_dtype).removeprefix('torch.')} ({why})")
+        else:
+            self.compute_dtype = getattr(torch, hp.dtype) if hp.dtype else default_dtype(device)
         self.tokenizer = load_tokenizer(hp.model_name_or_path)
         weights = master_dtype(self.compute_dtype, self.lora)
         self.policy = load_policy(hp.model_name_or_path, weights, self.lora, hp.gradient_checkpointing)

@@ -120,8 +120,13 @@ def check_settings(hp: dict[str, Any]) -> None:
         _above(
             "logprob_temperature", hp["logprob_temperature"], 0, "1.0 (raw logits, the course) or null (= temperature)"
         )
-    if hp["dtype"] is not None and hp["dtype"] not in COMPUTE_DTYPES:
-        _fail("dtype", f"one of {COMPUTE_DTYPES}", hp["dtype"], "or null: bfloat16 on a GPU, float32 on the CPU")
+    if hp["dtype"] is not None and hp["dtype"] not in (*COMPUTE_DTYPES, "auto"):
+        _fail(
+            "dtype",
+            f"one of {COMPUTE_DTYPES}",
+            hp["dtype"],
+            "auto (bf16 where bf16 matmuls are faster) or null (bfloat16 on a GPU, float32 on the CPU)",
+        )
     check_variant_settings(hp)
     check_engine_settings(hp)
     lora = hp["lora"]
