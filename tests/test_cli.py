@@ -35,11 +35,12 @@ def test_there_are_configs_for_every_task_and_algorithm():
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
 def test_config_instantiates_without_loading_weights(tmp_path, monkeypatch, config):
     assert config.read_text().startswith("# llm-pg fit --config"), "a config opens with the command that runs it"
-    # The real-model configs name the model `make real-model` prepares: a cache holding only its manifest stands in
-    # (the name resolves at parse time, the weights only in configure_model).
+    # The real-model configs name a model `llm-pg real-model NAME` prepares: a cache holding only its manifest stands
+    # in (the name resolves at parse time, the weights only in configure_model).
     monkeypatch.setenv("LLM_PG_CACHE", str(tmp_path / "cache"))
-    real_model.model_dir().mkdir(parents=True)
-    (real_model.model_dir() / real_model.MANIFEST).write_text("{}")
+    for name in real_model.MODELS:
+        real_model.model_dir(name).mkdir(parents=True)
+        (real_model.model_dir(name) / real_model.MANIFEST).write_text("{}")
     # The vLLM variants need vLLM to instantiate; without it, their HF twin (tests/test_vllm_configs.py checks them).
     engine = ["--model.init_args.rollout_engine=hf"] if config.stem.endswith("_vllm") and not HAS_VLLM else []
     cli = LLMPGCLI(

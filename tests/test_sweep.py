@@ -120,15 +120,22 @@ def test_shipped_sweeps_parse_with_the_real_cli(path, capsys, monkeypatch):
     _parse_with_the_real_cli(runs, sweep, capsys)
 
 
-# Two-arm comparisons on the real model (configs/real_cpu/sweeps/): GRPO against GR-REINFORCE, 3 seeds.
-REAL_SWEEPS = sorted((ROOT / "configs" / "real_cpu" / "sweeps").glob("*.yaml"))
+# Two-arm comparisons on the real models (configs/real_cpu/sweeps/, configs/qwen_cpu/sweeps/): GRPO against
+# GR-REINFORCE, 3 seeds, both arms on their folder's GRPO rehearsal.
+REAL_SWEEPS = sorted((ROOT / "configs").glob("*_cpu/sweeps/*.yaml"))
 
 
 @pytest.mark.parametrize("path", REAL_SWEEPS, ids=lambda p: p.stem)
-def test_real_model_sweeps_parse_with_the_real_cli(path, capsys, monkeypatch):
+def test_real_model_sweeps_parse_with_the_real_cli(path, tmp_path, capsys, monkeypatch):
+    from llm_pg.models import real_model
+
+    monkeypatch.setenv("LLM_PG_CACHE", str(tmp_path))  # a manifest stands in for each model (the name resolves)
+    for name in real_model.MODELS:
+        real_model.model_dir(name).mkdir(parents=True)
+        (real_model.model_dir(name) / real_model.MANIFEST).write_text("{}")
     runs, sweep = _expanded(path, monkeypatch)
     assert {r.label for r in runs} == {"grpo", "reinforce"} and sweep["seeds"] == [0, 1, 2]
-    assert {r.config for r in runs} == {"configs/real_cpu/format_copy_grpo.yaml"}
+    assert len({r.config for r in runs}) == 1 and runs[0].config.startswith(f"configs/{path.parts[-3]}/")
     _parse_with_the_real_cli(runs, sweep, capsys)
 
 
