@@ -108,6 +108,8 @@ test-vllm: $(VLLM_STAMP)
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -m vllm tests/test_vllm.py tests/test_vllm_ddp.py
 	$(MAKE) real-model
 	LLM_PG_REQUIRE_REAL=1 OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -s tests/test_vllm_real.py
+	$(MAKE) qwen-model
+	LLM_PG_REQUIRE_REAL=1 OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -s tests/test_vllm_qwen.py
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/test_vllm_configs.py \
 		tests/test_launch.py::test_gpu_check_smoke_runs_every_step_and_ends_with_its_json
 
