@@ -63,7 +63,11 @@ def test_logprobs_run_in_the_compute_dtype(random_model_dir, dtype, expected):
 
 @pytest.mark.parametrize(
     ("flags", "expected"),
-    [({"avx512f", "avx512_bf16"}, torch.bfloat16), ({"amx_bf16"}, torch.bfloat16), ({"avx512f", "avx2"}, torch.float32)],
+    [
+        ({"avx512f", "avx512_bf16"}, torch.bfloat16),
+        ({"amx_bf16"}, torch.bfloat16),
+        ({"avx512f", "avx2"}, torch.float32),
+    ],
 )
 def test_dtype_auto_follows_the_cpus_bf16_instructions(random_model_dir, monkeypatch, caplog, flags, expected):
     from llm_pg.models import loading

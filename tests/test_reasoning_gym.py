@@ -114,7 +114,8 @@ def test_the_boxed_variant_asks_and_scores_as_math_hard():
     task.bind_seed(0)
     example = task.eval_examples[0]
     assert task.messages(example)[0] == {"role": "system", "content": SYSTEM_PROMPT}
-    assert example.prompt.startswith("State the final answer") and example.prompt.endswith("Return only: \\boxed{NUMBER}")
+    assert example.prompt.startswith("State the final answer")
+    assert example.prompt.endswith("Return only: \\boxed{NUMBER}")
     gold = example.answer
     completions = [f"\\boxed{{{gold}}}", f"so it is {gold}", "\\boxed{123456}", "no idea"]
     assert [task.score(c, example).total for c in completions] == [pytest.approx(1.1), 0.1, 0.1, 0.0]
