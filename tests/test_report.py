@@ -45,6 +45,21 @@ def test_summary_reads_final_best_first_crossing_and_times(tmp_path):
     assert stats["mean_clip"] == pytest.approx(0.35)
     assert stats["minutes"] == pytest.approx((4 * 1.0 + 6 * 2.0) / 60)
     assert stats["iterations"] == 6
+    # Iteration 0's eval is the base; the first after it (iteration 2) is the early one; the gain is last - base.
+    assert stats["base_em"] == 0.1 and stats["early_em"] == 0.95 and stats["gain"] == pytest.approx(0.75)
+    # Training minutes: the update's 2 s per iteration, no eval: 0.9 reached at iteration 2 after 4 s, of 12 s.
+    assert stats["minutes_to_target"] == pytest.approx(4 / 60) and stats["training_minutes"] == pytest.approx(12 / 60)
+    assert report.summarize(report.read_run(tmp_path / "a"), target=0.96)["minutes_to_target"] is None
+    assert report.summarize(report.read_run(tmp_path / "a"), target=0.05)["minutes_to_target"] == 0.0  # iteration 0
+
+
+def test_a_run_evaluated_only_after_updates_has_no_base_and_no_gain(tmp_path):
+    rows = [{"step": 2, "eval/exact_match": 0.5}, {"step": 4, "eval/exact_match": 0.7}]
+    rows += [{"step": s, "train/reward": 0.1, "time/rollout": 3.0, "time/update": 3.0} for s in (1, 2, 3, 4)]
+    write_csv(tmp_path / "r", rows)
+    stats = report.summarize(report.read_run(tmp_path / "r"), target=0.6)
+    assert stats["base_em"] is None and stats["gain"] is None and stats["early_em"] == 0.5
+    assert stats["minutes_to_target"] == pytest.approx(24 / 60)  # rollout and update, iterations 1-4
 
 
 def test_a_run_without_reference_model_has_no_kl(tmp_path):
@@ -259,11 +274,37 @@ def test_comparison_against_the_reference_marks_what_is_beyond_seed_noise(tmp_pa
     rows = {line.split(" | ")[0][2:]: line for line in report.comparison_table(groups, "reference").splitlines()[2:]}
     assert set(rows) == {"lr", "clip", "single"}
     # final EM: lr (0.3, 0.4) vs reference (1.0, 0.9): mean -0.6, extremes 0.3 - 1.0 and 0.4 - 0.9.
-    # best EM: (0.4, 0.5) vs (1.0, 0.9): -0.5 [-0.6, -0.4]. Iterations: (4, 4) vs (2, 4): +1 [0, +2], a bound.
-    assert rows["lr"] == "| lr | 2 | **-0.600 [-0.700, -0.500]** | **-0.500 [-0.600, -0.400]** | +1.0 [+0.0, +2.0] † |"
+    # best EM: (0.4, 0.5) vs (1.0, 0.9): -0.5 [-0.6, -0.4]. Early (iteration 2): (0.4, 0.5) vs (0.9, 0.8): -0.4.
+    # Iterations: (4, 4) vs (2, 4): +1 [0, +2], a bound. Training minutes (2 s an iteration): lr never got there
+    # (counts as its 8 s), the reference after 4 s and 8 s: +2 s [0 s, +4 s] = +0.03 [+0.00, +0.07] minutes.
+    assert rows["lr"] == (
+        "| lr | 2 | **-0.600 [-0.700, -0.500]** | **-0.500 [-0.600, -0.400]** | **-0.400 [-0.500, -0.300]** "
+        "| +1.0 [+0.0, +2.0] † | +0.03 [+0.00, +0.07] † |"
+    )
     # clip: final (0.95, 0.85) vs (1.0, 0.9): -0.05 [-0.15, +0.05]: seed noise. Iterations (2, never: 4) vs (2, 4).
-    assert rows["clip"] == "| clip | 2 | -0.050 [-0.150, +0.050] | -0.050 [-0.150, +0.050] | +0.0 [-2.0, +2.0] † |"
-    assert rows["single"] == "| single | 1 | - | - | - |"
+    assert rows["clip"] == (
+        "| clip | 2 | -0.050 [-0.150, +0.050] | -0.050 [-0.150, +0.050] | +0.000 [-0.100, +0.100] "
+        "| +0.0 [-2.0, +2.0] † | +0.00 [-0.07, +0.07] † |"
+    )
+    assert rows["single"] == "| single | 1 | - | - | - | - | - |"
+    # Whether each group learned: its gain over iteration 0 per seed, with a one-sample interval over seeds.
+    learned = {line.split(" | ")[0][2:]: line for line in report.learning_table(groups).splitlines()[2:]}
+    assert (
+        learned["reference"]
+        == "| reference | 2 | 0.300 | 0.850 | 0.950 | +0.700, +0.600 | **+0.650 [+0.600, +0.700]** | 0.03 |"
+    )
+    assert learned["lr"] == "| lr | 2 | 0.300 | 0.450 | 0.350 | +0.000, +0.100 | +0.050 [+0.000, +0.100] | 0.03 |"
+    assert learned["single"] == "| single | 1 | 0.300 | 0.900 | 0.100 | -0.200 | - | 0.03 |"
+
+
+def test_bootstrap_mean_by_hand():
+    # Three values: each extreme resample (all three draws the same value) has probability 1/27 > 2.5 %, so the
+    # interval is the lowest to the highest value.
+    assert report.bootstrap_mean([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1.0, 3.0))
+    assert report.bootstrap_mean([0.5, 0.5, 0.5]) == pytest.approx((0.5, 0.5, 0.5))
+    # Many values: the interval narrows well inside the range.
+    mean, low, high = report.bootstrap_mean(list(range(20)))
+    assert mean == 9.5 and 5 < low < 9.5 < high < 14
 
 
 def test_the_report_writes_the_comparison_when_settings_have_seeds(tmp_path, capsys):
@@ -273,8 +314,26 @@ def test_the_report_writes_the_comparison_when_settings_have_seeds(tmp_path, cap
     text = report_md.read_text()
     assert "## Against the reference: reference" in text
     assert "| x | 2 | **-0.700 [-0.800, -0.600]** |" in text and "Against reference:" in summary
+    assert "## Learning: the last evaluation against iteration 0" in text and "Learning (last eval" in summary
+    assert "![eval_exact_match_time](eval_exact_match_time.png)" in text
+    assert (tmp_path / "out" / "eval_exact_match_time.png").read_bytes()[:4] == b"\x89PNG"
     assert report.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "o2"), "--reference", "nope"]) == 2
     assert "--reference 'nope' is none of the groups" in capsys.readouterr().err
+
+
+def test_the_target_is_the_users_and_must_be_an_exact_match(tmp_path, capsys):
+    for name, em in [("reference_seed0", 0.6), ("reference_seed1", 0.7), ("x_seed0", 0.2), ("x_seed1", 0.3)]:
+        fake_run(tmp_path / "sweep" / name, em=[0.1, em], reward=[1.0, 1.0])
+    assert report.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "o"), "--target", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "iterations to EM 0.5 |" in out and "Δ training minutes to EM 0.5 [95 % interval]" in out
+    assert "| reference | 2 | 2 | 0.650 ± 0.050 | 0.650 ± 0.050 | 2, 2 |" in out  # reached at iteration 2
+    for bad in ("0", "1.5", "-0.2"):
+        with pytest.raises(SystemExit) as exit_:
+            report.main([str(tmp_path / "sweep"), "--out", str(tmp_path / "o3"), "--target", bad])
+        assert exit_.value.code == 2
+        assert f"--target {float(bad):g} is no exact match: give one in (0, 1]" in capsys.readouterr().err
+    assert not (tmp_path / "o3").exists()
 
 
 # ---- real runs -----------------------------------------------------------------------------------------
@@ -315,7 +374,8 @@ def csv_rows(run_dir) -> list[dict]:
 def test_report_of_real_runs_writes_pngs_and_a_table_matching_the_csvs(swept, tmp_path):
     runs = swept / "runs" / "mini"
     assert report.main([str(runs), "--out", str(tmp_path / "report")]) == 0
-    for name in ("overview", "eval_exact_match", "speed", "train_reward", "kl", "clip_fraction", "grad_norm"):
+    names = ("overview", "eval_exact_match", "speed", "eval_exact_match_time", "train_reward", "kl", "clip_fraction")
+    for name in (*names, "grad_norm"):
         png = (tmp_path / "report" / f"{name}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name
     text = (tmp_path / "report" / "report.md").read_text()

@@ -7,11 +7,13 @@ damaged, skipped with one line naming the file and line, and the others are stil
 differ only by a `_seed<N>` suffix are one group: a line for the mean over seeds and a band from the lowest to
 the highest seed. Writes into `--out`:
 
-    report.md                 the table, each setting against the reference over seeds (`compare.py`), the plots,
+    report.md                 the table, whether each group learned (its gain over iteration 0, with an interval
+                              over seeds), each setting against the reference over seeds (`compare.py`), the plots,
                               sampled generations and eval completions, ready to paste into a write-up
     overview.png              every plot on one page
-    eval_exact_match.png, speed.png (iterations to reach 0.9), train_reward.png, kl.png, clip_fraction.png,
-    grad_norm.png
+    eval_exact_match.png, speed.png (iterations to reach `--target`, 0.9 by default), eval_exact_match_time.png
+    (eval EM against training minutes: the comparison at equal wall clock), train_reward.png, kl.png,
+    clip_fraction.png, grad_norm.png
 
 A RUN_DIR without `metrics.csv` that holds run directories (a sweep's folder) stands for all of them.
 """
@@ -23,7 +25,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from llm_pg.cli.report.compare import bootstrap_interval, comparison_note, comparison_table, pick_reference
+from llm_pg.cli.report.compare import (
+    bootstrap_interval,
+    bootstrap_mean,
+    comparison_note,
+    comparison_table,
+    learning_table,
+    pick_reference,
+)
 from llm_pg.cli.report.plots import band, plot, smoothed
 from llm_pg.cli.report.runs import (
     TARGET,
@@ -42,8 +51,10 @@ __all__ = [
     "RunLog",
     "band",
     "bootstrap_interval",
+    "bootstrap_mean",
     "comparison_table",
     "group_runs",
+    "learning_table",
     "main",
     "read_run",
     "run_dirs",
@@ -127,11 +138,19 @@ def eval_completions(run: RunLog, samples: int) -> str:
 # ---- command -------------------------------------------------------------------------------------------
 
 
-NOTE = (
-    f"_Eval EM: greedy exact match on the held-out set; final: at the last evaluation. Iterations to EM {TARGET}: "
-    "the first evaluation at or above it, per seed (evaluations run every `eval_every` iterations). Reward and KL: "
-    "the last iteration's. Compute time: logged rollout, update and eval seconds (model loading excluded). With "
-    "several seeds: mean ± std (population) over seeds._"
+def note(target: float = TARGET) -> str:
+    return (
+        f"_Eval EM: greedy exact match on the held-out set; final: at the last evaluation. Iterations to EM "
+        f"{target:g}: the first evaluation at or above it, per seed (evaluations run every `eval_every` iterations). "
+        "Reward and KL: the last iteration's. Compute time: logged rollout, update and eval seconds (model loading "
+        "excluded). With several seeds: mean ± std (population) over seeds._"
+    )
+
+
+LEARNING_NOTE = (
+    "_Gain: the last eval EM minus the one at iteration 0 (the model before any update), per seed; its mean over "
+    "seeds with a 95 % seeded bootstrap interval (bold: it excludes 0; with 3 seeds that is every seed gaining). "
+    "Training minutes: rollout + update._"
 )
 
 
@@ -142,12 +161,14 @@ def write_report(
     smooth: int = 0,
     overview_only: bool = False,
     reference: str | None = None,
+    target: float = TARGET,
 ) -> tuple[Path, str]:
     """Read the runs, write the PNGs and report.md into `out`; returns the report's path and its table(s).
 
     `overview_only`: `overview.png` without the one-PNG-per-metric files (the report a run writes into its own
     directory at the end of `fit`). `reference`: the group the others are compared with (`compare.py`; default: a
-    group named `reference`, `base` or `baseline`); the comparison is written when some group has several seeds."""
+    group named `reference`, `base` or `baseline`); the comparison is written when some group has several seeds.
+    `target`: the eval exact match the to-target metrics count to."""
     out = Path(out)
     runs = []
     for path in run_dirs(paths):
@@ -159,14 +180,15 @@ def write_report(
         raise SystemExit("llm-pg report: no readable run among the ones given")
     out.mkdir(parents=True, exist_ok=True)  # once there is something to write: a wrong input leaves nothing behind
     unordered = group_runs(runs)
-    groups = {name: unordered[name] for name in speed_order(unordered)}
+    groups = {name: unordered[name] for name in speed_order(unordered, target)}
     longest = max((len(r.series.get("train/reward", {})) for r in runs), default=0)
     window = smooth if smooth > 0 else min(20, max(1, round(longest / 10)))
-    pngs = plot(groups, out, window, overview_only)
-    summary = table(groups)
+    pngs = plot(groups, out, window, overview_only, target)
+    summary = table(groups, target)
     against = pick_reference(groups, reference) if len(groups) > 1 else None
     seeded = against is not None and any(len(g) > 1 for g in groups.values())
-    comparison = comparison_table(groups, against) if seeded else ""
+    comparison = comparison_table(groups, against, target) if seeded else ""
+    learned = learning_table(groups) if any(len(g) > 1 for g in groups.values()) else ""
     lines = [
         "# Run report",
         "",
@@ -178,8 +200,13 @@ def write_report(
         "",
         summary,
         "",
-        NOTE,
+        note(target),
         "",
+        *(
+            ["## Learning: the last evaluation against iteration 0", "", learned, "", LEARNING_NOTE, ""]
+            if learned
+            else []
+        ),
         *(
             [f"## Against the reference: {against}", "", comparison, "", comparison_note(against, groups), ""]
             if comparison
@@ -199,7 +226,8 @@ def write_report(
         lines += [f"### {name} ({group[0].path.name})", "", eval_completions(group[0], samples)]
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
-    return report, summary + (f"\n\nAgainst {against}:\n\n{comparison}" if comparison else "")
+    learning = f"\n\nLearning (last eval EM minus iteration 0):\n\n{learned}" if learned else ""
+    return report, summary + learning + (f"\n\nAgainst {against}:\n\n{comparison}" if comparison else "")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -218,7 +246,15 @@ def main(argv: Sequence[str]) -> int:
         default=None,
         help="the group the others are compared with over seeds (default: one named reference, base or baseline)",
     )
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=TARGET,
+        help=f"the eval exact match that iterations and training minutes to target count to (default {TARGET})",
+    )
     args = parser.parse_args(list(argv))
+    if not 0 < args.target <= 1:
+        parser.error(f"--target {args.target:g} is no exact match: give one in (0, 1], e.g. --target 0.5")
     for path in args.runs:  # outputs never land inside what the report reads
         if Path(args.out).resolve().is_relative_to(Path(path).resolve()):
             print(
@@ -228,7 +264,9 @@ def main(argv: Sequence[str]) -> int:
             )
             return 2
     try:
-        report, summary = write_report(args.runs, args.out, args.samples, args.smooth, reference=args.reference)
+        report, summary = write_report(
+            args.runs, args.out, args.samples, args.smooth, reference=args.reference, target=args.target
+        )
     except (ValueError, OSError) as error:  # a missing folder or reference: one line, not a traceback
         print(f"llm-pg report: error: {error}", file=sys.stderr)
         return 2

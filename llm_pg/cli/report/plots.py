@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llm_pg.cli.report.runs import TARGET, RunLog, summarize
+from llm_pg.cli.report.runs import TARGET, RunLog, summarize, training_minutes
 
 PLOTS = {  # metrics.csv column -> (file stem, title, y label)
     "eval/exact_match": ("eval_exact_match", "Eval exact match (greedy)", "exact match"),
@@ -37,20 +37,24 @@ def band(runs: list[RunLog], column: str, window: int) -> tuple[np.ndarray, np.n
     return np.array(steps), stacked.mean(0), stacked.min(0), stacked.max(0)
 
 
-def legend_label(name: str, runs: list[RunLog]) -> str:
+def legend_label(name: str, runs: list[RunLog], target: float = TARGET) -> str:
     """`kl_coef0.2: final EM 0.93, 0.9 at iteration 12` (means over seeds), the legend's one-glance summary."""
-    stats = [summarize(r) for r in runs]
+    stats = [summarize(r, target) for r in runs]
     final = [s["final_em"] for s in stats if s["final_em"] is not None]
     if not final:
         return name
     reached = [s["iters_to_target"] for s in stats if s["iters_to_target"] is not None]
-    speed = f"{TARGET} at iteration {np.mean(reached):.0f}" if len(reached) == len(stats) else f"{TARGET} not reached"
+    speed = (
+        f"{target:g} at iteration {np.mean(reached):.0f}" if len(reached) == len(stats) else f"{target:g} not reached"
+    )
     if reached and len(reached) < len(stats):
-        speed = f"{TARGET} reached by {len(reached)}/{len(stats)} seeds"
+        speed = f"{target:g} reached by {len(reached)}/{len(stats)} seeds"
     return f"{name}: final EM {np.mean(final):.2f}, {speed}"
 
 
-def _draw(ax, groups: dict[str, list[RunLog]], column: str, style: dict[str, tuple], window: int) -> bool:
+def _draw(
+    ax, groups: dict[str, list[RunLog]], column: str, style: dict[str, tuple], window: int, target: float = TARGET
+) -> bool:
     """One line per group (mean over seeds) with a min-max band; False when no run logged the column."""
     from matplotlib.ticker import MaxNLocator
 
@@ -67,7 +71,7 @@ def _draw(ax, groups: dict[str, list[RunLog]], column: str, style: dict[str, tup
             ax.fill_between(steps, low, high, color=color, alpha=0.12, lw=0)
         drawn, positive = True, positive or bool((high > 0).any())
     if is_eval and drawn:
-        ax.axhline(TARGET, color="0.5", ls=":", lw=1)
+        ax.axhline(target, color="0.5", ls=":", lw=1)
     ax.set(title=_title(column, window), xlabel="RL iteration", ylabel=(PLOTS | OVERVIEW_EXTRA)[column][2])
     if column in LOG_SCALE and positive:  # a log axis needs a positive value (a run's KL can be 0 throughout)
         ax.set_yscale("log", nonpositive="mask")
@@ -81,12 +85,12 @@ def _title(column: str, window: int) -> str:
     return title if column.startswith("eval/") or window <= 1 else f"{title}\nrolling mean over {window} iterations"
 
 
-def _draw_speed(ax, groups: dict[str, list[RunLog]], style: dict[str, tuple]) -> None:
+def _draw_speed(ax, groups: dict[str, list[RunLog]], style: dict[str, tuple], target: float = TARGET) -> None:
     """Iterations to reach the target, fastest group on top: a bar for the mean over the seeds that got there, a
     dot per seed, a cross at the run's end for a seed that never did."""
     names = list(groups)[::-1]  # barh stacks bottom-up
     for y, name in enumerate(names):
-        stats = [summarize(r) for r in groups[name]]
+        stats = [summarize(r, target) for r in groups[name]]
         reached = [s["iters_to_target"] for s in stats if s["iters_to_target"] is not None]
         missed = [s["iterations"] for s in stats if s["iters_to_target"] is None]
         if reached:
@@ -96,16 +100,46 @@ def _draw_speed(ax, groups: dict[str, list[RunLog]], style: dict[str, tuple]) ->
     ax.set_yticks(range(len(names)), names)
     for label, name in zip(ax.get_yticklabels(), names, strict=True):
         label.set_color(style[name][0])
-    title = (
-        f"Iterations to reach eval exact match {TARGET}\n(bar: mean over the seeds that did;\nx: a seed that never did)"
-    )
+    title = f"Iterations to reach eval exact match {target:g}\n(bar: mean over the seeds that did;\n"
+    title += "x: a seed that never did)"
     ax.set(title=title, xlabel="RL iteration")
     ax.grid(axis="x", alpha=0.3)
 
 
-def plot(groups: dict[str, list[RunLog]], out: Path, window: int, overview_only: bool = False) -> list[str]:
+def against_time(runs: list[RunLog]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Eval EM against training minutes: at the evaluations every seed ran, the mean over seeds of `training_minutes`
+    there, and the mean, min and max EM."""
+    steps, mean, low, high = band(runs, "eval/exact_match", 1)
+    clocks = [training_minutes(r) for r in runs]
+    minutes = np.array([np.mean([c.get(int(s), np.nan) for c in clocks]) for s in steps])
+    return minutes, mean, low, high
+
+
+def _draw_time(ax, groups: dict[str, list[RunLog]], style: dict[str, tuple], target: float = TARGET) -> bool:
+    """Eval EM against training minutes (the comparison at equal wall clock); False when no run has both."""
+    drawn = False
+    for name, runs in groups.items():
+        have = [r for r in runs if r.series.get("eval/exact_match") and len(training_minutes(r)) > 1]
+        if not have:
+            continue
+        minutes, mean, low, high = against_time(have)
+        kept = ~np.isnan(minutes)
+        ax.plot(minutes[kept], mean[kept], color=style[name][0], lw=1.8, marker="o", ms=3.5, label=style[name][1])
+        if len(have) > 1:
+            ax.fill_between(minutes[kept], low[kept], high[kept], color=style[name][0], alpha=0.12, lw=0)
+        drawn = True
+    ax.axhline(target, color="0.5", ls=":", lw=1)
+    title = "Eval exact match (greedy) against training time\n(rollout + update minutes, mean over seeds)"
+    ax.set(title=title, xlabel="training minutes", ylabel="exact match")
+    ax.grid(alpha=0.3)
+    return drawn
+
+
+def plot(
+    groups: dict[str, list[RunLog]], out: Path, window: int, overview_only: bool = False, target: float = TARGET
+) -> list[str]:
     """`overview.png` with every plot on one page and, unless `overview_only`, one PNG per metric that some run
-    logged and `speed.png`; returns the names of the PNGs besides the overview.
+    logged, `speed.png` and `eval_exact_match_time.png`; returns the names of the PNGs besides the overview.
 
     The overview's sixth panel is the speed comparison when there are several groups to compare, else (one run, as
     at the end of `fit`) the completion length."""
@@ -116,7 +150,8 @@ def plot(groups: dict[str, list[RunLog]], out: Path, window: int, overview_only:
 
     palette = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
     style = {
-        name: (palette[i % len(palette)], legend_label(name, runs)) for i, (name, runs) in enumerate(groups.items())
+        name: (palette[i % len(palette)], legend_label(name, runs, target))
+        for i, (name, runs) in enumerate(groups.items())
     }
     seeds = any(len(r) > 1 for r in groups.values())
     legend = ("fastest learner first" if len(groups) > 1 else "run") + (
@@ -128,24 +163,30 @@ def plot(groups: dict[str, list[RunLog]], out: Path, window: int, overview_only:
     written = []
     for column in [] if overview_only else columns:
         fig, ax = plt.subplots(figsize=(9, 4.8))
-        _draw(ax, groups, column, style, window)
+        _draw(ax, groups, column, style, window, target)
         ax.legend(title=legend, fontsize=9, title_fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.savefig(out / f"{PLOTS[column][0]}.png", dpi=120, bbox_inches="tight")
         written.append(f"{PLOTS[column][0]}.png")
         plt.close(fig)
     if has_eval and not overview_only:
         fig, ax = plt.subplots(figsize=(7, 1.5 + 0.35 * len(groups)))
-        _draw_speed(ax, groups, style)
+        _draw_speed(ax, groups, style, target)
         fig.savefig(out / "speed.png", dpi=120, bbox_inches="tight")
         written.insert(1, "speed.png")
+        plt.close(fig)
+        fig, ax = plt.subplots(figsize=(9, 4.8))
+        if _draw_time(ax, groups, style, target):
+            ax.legend(title=legend, fontsize=9, title_fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+            fig.savefig(out / "eval_exact_match_time.png", dpi=120, bbox_inches="tight")
+            written.insert(2, "eval_exact_match_time.png")
         plt.close(fig)
     speed = has_eval and len(groups) > 1
     panels = columns + ([] if speed else [c for c in OVERVIEW_EXTRA if c in logged])
     fig, axes = plt.subplots(2, 3, figsize=(18, 10))
     for ax, column in zip(axes.flat, panels, strict=False):
-        _draw(ax, groups, column, style, window)
+        _draw(ax, groups, column, style, window, target)
     if speed:
-        _draw_speed(axes.flat[len(panels)], groups, style)
+        _draw_speed(axes.flat[len(panels)], groups, style, target)
     for ax in axes.flat[len(panels) + speed :]:
         ax.axis("off")
     rows = -(-len(groups) // 3)  # the legend under the plots, three entries a row

@@ -18,7 +18,7 @@ import numpy as np
 import yaml
 
 TIME_COLUMNS = ("time/rollout", "time/update", "time/eval")
-TARGET = 0.9  # "iterations to reach 0.9 eval exact match"
+TARGET = 0.9  # "iterations to reach 0.9 eval exact match" unless `llm-pg report --target` says otherwise
 SEED = re.compile(r"_seed\d+$")
 OLD_RUN = re.compile(r"\.old-\d{8}-\d{6}(-\d+)?$")
 
@@ -199,19 +199,42 @@ def group_runs(runs: Sequence[RunLog]) -> dict[str, list[RunLog]]:
 # ---- numbers -------------------------------------------------------------------------------------------
 
 
-def summarize(run: RunLog) -> dict[str, float | None]:
-    """The table's numbers for one run; None where the run did not log the metric."""
+def training_minutes(run: RunLog) -> dict[int, float]:
+    """Cumulative rollout + update minutes at each iteration (0 at iteration 0): the training clock without the
+    evaluations, checkpoints and logging, so two settings that evaluate alike compare at equal training time."""
+    rollout, update = run.series.get("time/rollout", {}), run.series.get("time/update", {})
+    clock, total = {0: 0.0}, 0.0
+    for step in sorted(set(rollout) | set(update)):
+        total += rollout.get(step, 0.0) + update.get(step, 0.0)
+        clock[step] = total / 60
+    return clock
+
+
+def summarize(run: RunLog, target: float = TARGET) -> dict[str, float | None]:
+    """The table's numbers for one run; None where the run did not log the metric.
+
+    `base_em` is the evaluation at iteration 0 (before any update), `early_em` the first one after it, `gain` the
+    last minus the one at iteration 0; `minutes_to_target` is `training_minutes` at the first evaluation at or
+    above `target`."""
     eval_steps, em = run.values("eval/exact_match")
-    reached = eval_steps[em >= TARGET]
+    reached = eval_steps[em >= target]
+    after_zero = em[eval_steps > 0]
+    base = float(em[0]) if len(em) and eval_steps[0] == 0 else None
     _, kl = run.values("train/kl")
     _, reward = run.values("train/reward")
     _, clip = run.values("train/clip_fraction")
     seconds = sum(sum(run.series.get(c, {}).values()) for c in TIME_COLUMNS)
+    clock = training_minutes(run)
     return {
         "final_em": float(em[-1]) if len(em) else None,
         "best_em": float(em.max()) if len(em) else None,
         "mean_em": float(em.mean()) if len(em) else None,
+        "base_em": base,
+        "early_em": float(after_zero[0]) if len(after_zero) else None,
+        "gain": float(after_zero[-1]) - base if base is not None and len(after_zero) else None,
         "iters_to_target": float(reached[0]) if len(reached) else None,
+        "minutes_to_target": clock.get(int(reached[0])) if len(reached) and len(clock) > 1 else None,
+        "training_minutes": max(clock.values()) if len(clock) > 1 else None,
         "final_reward": float(reward[-1]) if len(reward) else None,
         "final_kl": float(kl[-1]) if len(kl) else None,
         "mean_clip": float(clip.mean()) if len(clip) else None,
@@ -220,15 +243,17 @@ def summarize(run: RunLog) -> dict[str, float | None]:
     }
 
 
-COLUMNS = [  # (summary key, table header, format)
-    ("final_em", "final eval EM", "{:.3f}"),
-    ("best_em", "best eval EM", "{:.3f}"),
-    ("iters_to_target", f"iterations to EM {TARGET}", "{:.0f}"),
-    ("final_reward", "final reward", "{:.3f}"),
-    ("final_kl", "final KL", "{:.4f}"),
-    ("mean_clip", "mean clip fraction", "{:.3f}"),
-    ("minutes", "compute time (min)", "{:.1f}"),
-]
+def columns(target: float = TARGET) -> list[tuple[str, str, str]]:
+    """The summary table's `(summary key, header, format)` columns."""
+    return [
+        ("final_em", "final eval EM", "{:.3f}"),
+        ("best_em", "best eval EM", "{:.3f}"),
+        ("iters_to_target", f"iterations to EM {target:g}", "{:.0f}"),
+        ("final_reward", "final reward", "{:.3f}"),
+        ("final_kl", "final KL", "{:.4f}"),
+        ("mean_clip", "mean clip fraction", "{:.3f}"),
+        ("minutes", "compute time (min)", "{:.1f}"),
+    ]
 
 
 def _cell(values: list[float | None], fmt: str, key: str) -> str:
@@ -243,26 +268,27 @@ def _cell(values: list[float | None], fmt: str, key: str) -> str:
     return cell if len(present) == len(values) else f"{cell} ({len(present)}/{len(values)})"
 
 
-def table(groups: dict[str, list[RunLog]]) -> str:
+def table(groups: dict[str, list[RunLog]], target: float = TARGET) -> str:
     """Markdown: one row per group (mean ± std over its seeds), in the legend's order."""
+    header = columns(target)
     lines = [
-        "| run | seeds | iterations | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
-        "|---|---|---|" + "---|" * len(COLUMNS),
+        "| run | seeds | iterations | " + " | ".join(h for _, h, _ in header) + " |",
+        "|---|---|---|" + "---|" * len(header),
     ]
     for name, runs in groups.items():
-        stats = [summarize(r) for r in runs]
+        stats = [summarize(r, target) for r in runs]
         iterations = ", ".join(sorted({f"{s['iterations']:.0f}" for s in stats}))
-        cells = [_cell([s[key] for s in stats], fmt, key) for key, _, fmt in COLUMNS]
+        cells = [_cell([s[key] for s in stats], fmt, key) for key, _, fmt in header]
         lines.append(f"| {name} | {len(runs)} | {iterations} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def speed_order(groups: dict[str, list[RunLog]]) -> list[str]:
+def speed_order(groups: dict[str, list[RunLog]], target: float = TARGET) -> list[str]:
     """Fastest learner first: fewest iterations to the target (mean over seeds, a seed that never got there
     counting twice its run's length), then the higher mean eval exact match over the run."""
 
     def key(name: str) -> tuple[float, float]:
-        stats = [summarize(r) for r in groups[name]]
+        stats = [summarize(r, target) for r in groups[name]]
         iters = [s["iters_to_target"] if s["iters_to_target"] is not None else 2 * s["iterations"] for s in stats]
         return float(np.mean(iters)), -float(np.mean([s["mean_em"] or 0.0 for s in stats]))
 
