@@ -5,6 +5,8 @@
         [--eager-decode]
     make real-model && .venv/bin/python benchmarks/bench_vs_trl.py --model real [--checkpointing] [--reps 2]
         [--iterations 3]
+    make qwen-model && .venv/bin/python benchmarks/bench_vs_trl.py --model qwen [--checkpointing] [--reps 1]
+        [--iterations 3] [--trl-micro-batch 4]
 
 `--model real` races on SmolLM2-135M-Instruct (`make real-model`) at the course's format_copy settings, both sides
 on two torch threads: the course's system prompt and user turn (integers in [-5000, 5000]), 8 prompts x 6, 1-24
@@ -13,7 +15,20 @@ per pass), LoRA r 16 / alpha 32 / dropout 0.05 on the seven projections (the ref
 off), KL 0.05, clip 0.2, AdamW lr 3e-5 constant, grad norm 0.5, float32, with or without gradient checkpointing
 (`--checkpointing`, the course's setting, on both sides). llm_pg runs configs/format_copy/grpo.yaml with those
 overrides and its own defaults otherwise (eager decoding); TRL its GRPOTrainer with the same `LoraConfig`.
-The rest of this text is the tiny race (the default), with which the real one shares the timing method.
+`--model qwen` races on Qwen2.5-Coder-0.5B-Instruct (`make qwen-model`) at the CPU math rehearsal's settings
+(configs/qwen_cpu/math_grpo.yaml): math_hard's system prompt and reward on its arithmetic, 8 prompts x 8, 8-96 new
+tokens at T 0.8 and top-p 0.95, 2 passes in micro-batches of 16 with 4-step accumulation, LoRA r 16 / alpha 32 /
+dropout 0 on the seven projections, KL 0.05, clip 0.2, AdamW lr 1e-4 constant, grad norm 0.5; float32 weights
+with bf16 autocast on a CPU that has avx512_bf16 or amx_bf16 (llm_pg's `dtype: auto`; TRL's `bf16=True`), float32
+elsewhere; gradient checkpointing as `--checkpointing` says, on both sides. llm_pg runs the rehearsal's config
+with those overrides and an eval set of 8 (evaluated before the first and after the last iteration, outside the
+timed span). What still differs: llm_pg keeps the 271 embedding rows past Qwen's vocabulary out of sampling, TRL
+samples from the full softmax (their probability is about 3e-11). TRL at the rehearsal's micro-batch of 16 rows ran
+out of this machine's 24 GiB (killed at 24.3 GB resident, 2026-12-04; its loss takes the head's logits whole, about
+1.8 GB in float32 for 16 rows of ~190 positions x 151,936, and more copies of them): `--trl-micro-batch 4` gives
+TRL smaller micro-batches with more accumulation (the same 64 rows and one optimizer step per pass, the same
+generation batch), llm_pg keeping its 16.
+The rest of this text is the tiny race (the default), with which the real ones share the timing method.
 
     make .venv-vllm/.installed && .venv-vllm/bin/python -m pip install -c .venv-vllm/constraints.txt trl==1.16.0
     .venv-vllm/bin/python benchmarks/bench_vs_trl.py --engine vllm [--reps 3] [--tokens 24] ...
@@ -81,7 +96,7 @@ EPOCHS, CLIP, GRAD_NORM = 2, 0.2, 0.5
 class Race:
     """The settings both sides run with: the tiny model's race, or the real model's at the course's settings."""
 
-    model: str  # `tiny` | `real` (SmolLM2-135M-Instruct, `make real-model`)
+    model: str  # `tiny` | `real` (SmolLM2-135M-Instruct, `make real-model`) | `qwen` (`make qwen-model`)
     prompts: int
     group: int
     micro: int  # rows per micro-batch; prompts * group / micro micro-batches per optimizer step
@@ -90,12 +105,24 @@ class Race:
     temperature: float
     top_p: float
     threads: int
-    lora: bool  # r 16, alpha 32, dropout 0.05 on the seven projections (the course's adapter)
+    lora: bool  # r 16, alpha 32 on the seven projections (the course's adapter)
     checkpointing: bool = False
+    lora_dropout: float = 0.05
+    tokens: int = 24  # max new tokens (--tokens)
+    min_tokens: int = 0  # min new tokens (--min-tokens)
+    bf16: bool = False  # bf16 autocast over float32 weights where the CPU has bf16 matmul instructions
+    trl_micro: int | None = None  # TRL's rows per micro-batch when it differs from llm_pg's (memory)
 
 
 TINY = Race("tiny", prompts=8, group=8, micro=8, kl=0.04, lr=3e-4, temperature=1.0, top_p=1.0, threads=1, lora=False)
 REAL = Race("real", prompts=8, group=6, micro=8, kl=0.05, lr=3e-5, temperature=0.8, top_p=0.95, threads=2, lora=True)
+QWEN = Race(
+    "qwen", prompts=8, group=8, micro=16, kl=0.05, lr=1e-4, temperature=0.8, top_p=0.95, threads=2, lora=True,
+    lora_dropout=0.0, tokens=96, min_tokens=8, bf16=True,
+)  # fmt: skip
+RACES = {"tiny": TINY, "real": REAL, "qwen": QWEN}
+QWEN_CONFIG = ROOT / "configs/qwen_cpu/math_grpo.yaml"
+MODEL_NAMES = {"real": "smollm2-135m-instruct", "qwen": "qwen2.5-coder-0.5b-instruct"}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ENV = {
     "WANDB_MODE": "disabled",
@@ -108,8 +135,14 @@ VLLM_KV_CACHE_BYTES, VLLM_BATCHED_TOKENS, VLLM_MAX_MODEL_LEN = 256 * 2**20, 4096
 
 
 def race_task(race: Race):
-    from llm_pg.data.tasks import FormatCopyTask
+    from llm_pg.data.tasks import ArithTask, FormatCopyTask
 
+    if race.model == "qwen":  # the rehearsal's own task: math_hard's prompts and reward on arithmetic
+        import yaml
+
+        task = yaml.safe_load(QWEN_CONFIG.read_text())["data"]["task"]
+        assert task["class_path"].endswith(".ArithTask"), task["class_path"]
+        return ArithTask(**task["init_args"])
     if race.model == "real":
         return FormatCopyTask()  # the course's system prompt, user turn and integers in [-5000, 5000]
     return FormatCopyTask(low=-999, high=999, system_prompt=None, prompt_template="Copy: {n}")
@@ -130,6 +163,14 @@ def run_llm_pg(
             "--model.init_args.warmup_steps=0",  # constant lr on both sides
         ]
         decode = []  # llm_pg's defaults (eager decoding)
+    elif race.model == "qwen":  # the rehearsal's config: its task, LoRA (dropout 0), sampling and dtype auto
+        model = [
+            f"--config={QWEN_CONFIG}",
+            f"--model.init_args.gradient_checkpointing={race.checkpointing}",
+            "--data.task.init_args.eval_size=8",  # the two evaluations lie outside the timed span: keep them short
+            "--checkpoint.every_n_iterations=1000",  # the rehearsal's periodic copies (llm_pg rewrites last.ckpt)
+        ]
+        decode = []
     else:
         model = [f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}"]
         decode = [f"--model.init_args.compile_generation={not eager_decode}"]
@@ -163,7 +204,7 @@ def run_llm_pg(
                 f"--model.init_args.min_new_tokens={min_tokens}",
                 f"--model.init_args.temperature={race.temperature}",
                 f"--model.init_args.top_p={race.top_p}",
-                "--model.init_args.dtype=float32",
+                f"--model.init_args.dtype={'auto' if race.bf16 else 'float32'}",
                 "--model.init_args.eval_every=100000",  # evaluates at 0 and the end only: outside the timed span
                 "--model.init_args.log_generations_every=0",
             ]
@@ -225,7 +266,7 @@ def run_trl(race: Race, iterations: int, tokens: int, min_tokens: int, engine: s
     from trl import GRPOConfig, GRPOTrainer
 
     from llm_pg.data.tasks.base import Example
-    from llm_pg.models.loading import TINY_MODEL, load_tokenizer, resolve_model_path
+    from llm_pg.models.loading import TINY_MODEL, auto_dtype, load_tokenizer, resolve_model_path
 
     task = race_task(race)
     examples = [task.train_example(i, seed=0) for i in range(race.prompts * iterations)]
@@ -261,18 +302,23 @@ def run_trl(race: Race, iterations: int, tokens: int, min_tokens: int, engine: s
     if race.lora:
         from peft import LoraConfig
 
-        lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+        lora = LoraConfig(
+            r=16, lora_alpha=32, lora_dropout=race.lora_dropout, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
+        )
         peft = {"peft_config": lora}
-    path = resolve_model_path("smollm2-135m-instruct") if race.model == "real" else TINY_MODEL
+    path = resolve_model_path(MODEL_NAMES[race.model]) if race.model in MODEL_NAMES else TINY_MODEL
+    # As llm_pg's `dtype: auto` chooses: bf16 autocast where the CPU has bf16 matmuls, and with LoRA the frozen base
+    # held in bf16 too (llm_pg's `master_dtype`; TRL's docs load the model so for bf16 LoRA training).
+    bf16 = race.bf16 and auto_dtype("cpu")[0] == torch.bfloat16
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
             output_dir=out,
             use_cpu=True,
-            bf16=False,
+            bf16=bf16,
             fp16=False,
             seed=0,
-            per_device_train_batch_size=race.micro,
-            gradient_accumulation_steps=race.prompts * race.group // race.micro,
+            per_device_train_batch_size=race.trl_micro or race.micro,
+            gradient_accumulation_steps=race.prompts * race.group // (race.trl_micro or race.micro),
             num_generations=race.group,
             num_iterations=EPOCHS,
             max_steps=EPOCHS * iterations,
@@ -297,7 +343,8 @@ def run_trl(race: Race, iterations: int, tokens: int, min_tokens: int, engine: s
             disable_tqdm=True,
             **sampler,
         )
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        dtype = torch.bfloat16 if bf16 and race.lora else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=reward,
@@ -328,6 +375,7 @@ def one_run(side: str, race: Race, iterations: int, tokens: int, min_tokens: int
     command = [sys.executable, __file__, "--side", side, "--iterations", str(iterations), "--engine", engine]
     command += ["--tokens", str(tokens), "--min-tokens", str(min_tokens)] + (["--eager-decode"] * eager)
     command += ["--model", race.model] + (["--checkpointing"] * race.checkpointing)
+    command += ["--trl-micro-batch", str(race.trl_micro)] if race.trl_micro else []
     threads = {"OMP_NUM_THREADS": str(race.threads), "MKL_NUM_THREADS": str(race.threads)}
     done = subprocess.run(command, cwd=ROOT, env={**os.environ, **ENV, **threads}, capture_output=True, text=True)
     if done.returncode != 0:
@@ -339,20 +387,30 @@ def one_run(side: str, race: Race, iterations: int, tokens: int, min_tokens: int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3, help="runs per side, interleaved")
-    parser.add_argument("--tokens", type=int, default=24, help="max new tokens per completion")
-    parser.add_argument("--min-tokens", type=int, default=0, help="min new tokens (forces the length)")
+    parser.add_argument("--tokens", type=int, help="max new tokens per completion (default: the race's, 24 or 96)")
+    parser.add_argument("--min-tokens", type=int, help="min new tokens (forces the length; default: the race's)")
     parser.add_argument("--iterations", type=int, default=6, help="iterations per run; the first is warm-up")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="both sides sample with it")
     parser.add_argument(
         "--eager-decode", action="store_true", help="llm_pg decodes eagerly (default with hf: compile_generation)"
     )
-    parser.add_argument("--model", choices=["tiny", "real"], default="tiny", help="real: SmolLM2-135M, course settings")
+    parser.add_argument(
+        "--model",
+        choices=list(RACES),
+        default="tiny",
+        help="real: SmolLM2-135M at the course's format_copy settings; qwen: Qwen2.5-Coder-0.5B, the math rehearsal",
+    )
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on both sides (real)")
+    parser.add_argument("--trl-micro-batch", type=int, help="TRL's rows per micro-batch (default: llm_pg's)")
     parser.add_argument("--side", choices=["llm_pg", "trl"], help=argparse.SUPPRESS)  # one run, in a child
     args = parser.parse_args()
-    race = replace(REAL if args.model == "real" else TINY, checkpointing=args.checkpointing)
-    if args.model == "real" and args.engine == "vllm":
-        parser.error("--model real races HF generate on both sides; the vLLM race runs on the tiny model")
+    race = replace(RACES[args.model], checkpointing=args.checkpointing, trl_micro=args.trl_micro_batch)
+    if race.trl_micro is not None and (race.trl_micro < 1 or (race.prompts * race.group) % race.trl_micro):
+        parser.error(f"--trl-micro-batch={race.trl_micro}: give a divisor of the {race.prompts * race.group} rows")
+    args.tokens = race.tokens if args.tokens is None else args.tokens
+    args.min_tokens = race.min_tokens if args.min_tokens is None else args.min_tokens
+    if args.model != "tiny" and args.engine == "vllm":
+        parser.error(f"--model {args.model} races HF generate on both sides; the vLLM race runs on the tiny model")
     if args.iterations < 3:
         parser.error(f"--iterations={args.iterations}: give at least 3 (one warm-up, two timed)")
     if not 0 <= args.min_tokens <= args.tokens:
@@ -385,9 +443,14 @@ def main() -> None:
         print(f"  {side:<6} median {statistics.median(values):.3f} s/iteration   {spread}")
     llm_pg_s, trl_s = statistics.median(times["llm_pg"]), statistics.median(times["trl"])
     ratio = round(llm_pg_s / trl_s, 4)
-    decode = "eager" if args.eager_decode or args.engine == "vllm" or race.model == "real" else "compiled"
+    decode = "eager" if args.eager_decode or args.engine == "vllm" or race.model != "tiny" else "compiled"
     figures = {"llm_pg_s": round(llm_pg_s, 4), "trl_s": round(trl_s, 4), "ratio": ratio, "engine": args.engine}
-    print(json.dumps({**figures, "llm_pg_decode": decode, "model": race.model, "checkpointing": race.checkpointing}))
+    setting = {
+        "model": race.model,
+        "checkpointing": race.checkpointing,
+        "trl_micro_batch": race.trl_micro or race.micro,
+    }
+    print(json.dumps({**figures, "llm_pg_decode": decode, **setting}))
 
 
 if __name__ == "__main__":

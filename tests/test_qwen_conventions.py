@@ -235,3 +235,20 @@ def test_trained_adapter_moves_and_the_reference_stays_the_base(tmp_path, qwen_m
     torch.testing.assert_close(second.ref_logp[mask], expected_ref[mask], rtol=0, atol=2e-5)
     assert (second.old_logp - second.ref_logp)[mask].abs().max() > 1e-2  # pi_old is the moved policy
     assert assert_final_adapter_reproduces_policy(cli, qwen_model_dir, second) > 1e-2
+
+
+def test_vllm_is_told_the_same_unused_rows_as_hf_sampling(qwen_model_dir):
+    """vLLM's requests bias exactly the rows HF sampling suppresses (read from the config, not a model); none for a
+    model whose head matches its tokenizer."""
+    from llm_pg.engines.vllm import unused_logit_bias
+    from llm_pg.models.loading import TINY_MODEL
+
+    tokenizer = load_tokenizer(qwen_model_dir)
+    bias = unused_logit_bias(qwen_model_dir, tokenizer)
+    assert (
+        sorted(bias)
+        == unused_token_ids(load_base(qwen_model_dir), tokenizer)
+        == list(range(TOKENIZER_SIZE, MODEL_VOCAB_SIZE))
+    )
+    assert set(bias.values()) == {-100.0}  # vLLM's lowest bias: e^-100 of the probability, 0 after a float32 softmax
+    assert unused_logit_bias(str(TINY_MODEL), load_tokenizer(str(TINY_MODEL))) is None

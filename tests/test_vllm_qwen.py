@@ -67,6 +67,8 @@ def test_vllm_samples_the_qwen_and_its_logprobs_match_the_trainers(model_dir, co
     tokenizer = load_tokenizer(model_dir)
     policy = load_policy(model_dir, torch.float32)
     engine = engine_for(model_dir, "raw_logprobs")
+    bias = engine._params(SAMPLING, 24, 0, 0).logit_bias  # every request keeps the head's unused rows out
+    assert sorted(bias) == list(range(len(tokenizer), policy.config.vocab_size)) and len(bias) == 271
     sample = engine.generate(conversations, SAMPLING, num_samples=8, seed=0)
     eos = eos_token_ids(policy, tokenizer)
     assert IM_END in eos and PAD in eos

@@ -12,6 +12,11 @@ Sampled-token log-probs (`VLLMGeneration.sampled_logprobs`) come in one of two m
   trainer's log-probs at the sampling temperature (`logprob_temperature: null`) where top_p is 1 and the row
   is past `min_new_tokens`; elsewhere they are the log-probs of what vLLM actually sampled from.
 
+As HF sampling does (`unused_token_ids`), vLLM never samples the head's rows past the tokenizer's vocabulary
+(Qwen2.5: 271 padding rows): each request biases them by -100, vLLM's lowest logit bias (`unused_logit_bias`),
+which leaves them e^-100 of their probability, below float32's smallest number after the softmax. The bias is
+applied after `raw_logprobs` are taken, so those stay the full softmax the trainer scores.
+
 Under DDP every rank builds its own engine (tensor parallel 1) on its own device, as TRL's colocate mode does:
 vLLM's `external_launcher` executor adopts the trainer's process group (`init_distributed_environment` skips
 `init_process_group` when one exists) and makes one single-rank tensor-parallel group per rank, so no collective
@@ -47,7 +52,14 @@ from llm_pg.engines.vllm_weights import AdapterPush, policy_weights, repack_tied
 from llm_pg.models.generation import Conversation, Generation, Sampling, encode_prompts
 from llm_pg.models.loading import resolve_model_path
 
-__all__ = ["VLLMEngine", "VLLMGeneration", "checkpoint_eos_ids", "policy_weights", "vllm_logprobs_mode"]
+__all__ = [
+    "VLLMEngine",
+    "VLLMGeneration",
+    "checkpoint_eos_ids",
+    "policy_weights",
+    "unused_logit_bias",
+    "vllm_logprobs_mode",
+]
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
@@ -81,6 +93,13 @@ def checkpoint_eos_ids(path: str, tokenizer: PreTrainedTokenizerBase) -> list[in
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return sorted(set(ids))
+
+
+def unused_logit_bias(path: str, tokenizer: PreTrainedTokenizerBase) -> dict[int, float] | None:
+    """`{id: -100.0}` for each row of the checkpoint's head past the tokenizer's vocabulary (`unused_token_ids`,
+    read from the model's config instead of a model), None when there is none (the tiny model, SmolLM2)."""
+    rows = AutoConfig.from_pretrained(path).get_text_config().vocab_size
+    return {token: -100.0 for token in range(len(tokenizer), rows)} if rows > len(tokenizer) else None
 
 
 @contextmanager
@@ -166,6 +185,7 @@ class VLLMEngine:
         path = resolve_model_path(model_name_or_path)
         self.tokenizer = tokenizer
         self.eos = sorted(set(eos_token_ids)) if eos_token_ids is not None else checkpoint_eos_ids(path, tokenizer)
+        self.unused_bias = unused_logit_bias(path, tokenizer)
         self.logprobs_mode = logprobs_mode
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype, self.gpu_memory_utilization, self.kv_cache_memory_bytes = (
@@ -222,7 +242,8 @@ class VLLMEngine:
 
     def _params(self, sampling: Sampling, max_tokens: int, seed: int | None, row: int):
         """One request's `SamplingParams`: plain temperature/top-p (greedy: temperature 0), ending on our EOS ids,
-        seeded with `derive_seed(seed, row)`, returning the sampled token's log-prob."""
+        seeded with `derive_seed(seed, row)`, returning the sampled token's log-prob; the head's unused rows biased
+        out (`unused_logit_bias`)."""
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -235,6 +256,7 @@ class VLLMEngine:
             seed=None if seed is None or sampling.greedy else derive_seed(seed, row),
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,
+            logit_bias=self.unused_bias,
         )
 
     def continue_ids(
