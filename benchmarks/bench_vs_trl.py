@@ -18,16 +18,16 @@ overrides and its own defaults otherwise (eager decoding); TRL its GRPOTrainer w
 `--model qwen` races on Qwen2.5-Coder-0.5B-Instruct (`make qwen-model`) at the CPU math rehearsal's settings
 (configs/qwen_cpu/math_grpo.yaml): math_hard's system prompt and reward on its arithmetic, 8 prompts x 8, 8-96 new
 tokens at T 0.8 and top-p 0.95, 2 passes in micro-batches of 16 with 4-step accumulation, LoRA r 16 / alpha 32 /
-dropout 0 on the seven projections, KL 0.05, clip 0.2, AdamW lr 1e-4 constant, grad norm 0.5; float32 weights
-with bf16 autocast on a CPU that has avx512_bf16 or amx_bf16 (llm_pg's `dtype: auto`; TRL's `bf16=True`), float32
-elsewhere; gradient checkpointing as `--checkpointing` says, on both sides. llm_pg runs the rehearsal's config
-with those overrides and an eval set of 8 (evaluated before the first and after the last iteration, outside the
-timed span). What still differs: llm_pg keeps the 271 embedding rows past Qwen's vocabulary out of sampling, TRL
-samples from the full softmax (their probability is about 3e-11). TRL at the rehearsal's micro-batch of 16 rows ran
-out of this machine's 24 GiB (killed at 24.3 GB resident, 2026-12-04; its loss takes the head's logits whole, about
-1.8 GB in float32 for 16 rows of ~190 positions x 151,936, and more copies of them): `--trl-micro-batch 4` gives
-TRL smaller micro-batches with more accumulation (the same 64 rows and one optimizer step per pass, the same
-generation batch), llm_pg keeping its 16.
+dropout 0 on the seven projections, KL 0.05, clip 0.2, AdamW lr 1e-4 constant, grad norm 0.5; on a CPU that has
+avx512_bf16 or amx_bf16, bf16 compute with the frozen base held in bf16 and the adapter in float32 (llm_pg's `dtype:
+auto` with LoRA; TRL loads the model in bf16 and trains with `bf16=True`), float32 elsewhere; gradient checkpointing
+as `--checkpointing` says, on both sides. llm_pg runs the rehearsal's config with those overrides and an eval set of
+8 (evaluated before the first and after the last iteration, outside the timed span). What still differs: llm_pg
+keeps the 271 embedding rows past Qwen's vocabulary out of sampling, TRL samples from the full softmax (their
+probability is about 3e-11). TRL at the rehearsal's micro-batch of 16 rows ran out of this machine's 24 GiB (killed
+at 24.3 GB resident, 2026-12-04; its loss takes the head's logits whole, about 1.8 GB in float32 for 16 rows of ~190
+positions x 151,936, and more copies of them): `--trl-micro-batch 4` gives TRL smaller micro-batches with more
+accumulation (the same 64 rows and one optimizer step per pass, the same generation batch), llm_pg keeping its 16.
 The rest of this text is the tiny race (the default), with which the real ones share the timing method.
 
     make .venv-vllm/.installed && .venv-vllm/bin/python -m pip install -c .venv-vllm/constraints.txt trl==1.16.0

@@ -49,7 +49,7 @@ from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 from llm_pg.core.rollout import derive_seed
 from llm_pg.engines.vllm_log import route_vllm_log
 from llm_pg.engines.vllm_weights import AdapterPush, policy_weights, repack_tied_lm_head, vllm_max_lora_rank
-from llm_pg.models.generation import Conversation, Generation, Sampling, encode_prompts
+from llm_pg.models.generation import Conversation, Generation, Sampling, encode_prompts, rows_past_tokenizer
 from llm_pg.models.loading import resolve_model_path
 
 __all__ = [
@@ -98,8 +98,8 @@ def checkpoint_eos_ids(path: str, tokenizer: PreTrainedTokenizerBase) -> list[in
 def unused_logit_bias(path: str, tokenizer: PreTrainedTokenizerBase) -> dict[int, float] | None:
     """`{id: -100.0}` for each row of the checkpoint's head past the tokenizer's vocabulary (`unused_token_ids`,
     read from the model's config instead of a model), None when there is none (the tiny model, SmolLM2)."""
-    rows = AutoConfig.from_pretrained(path).get_text_config().vocab_size
-    return {token: -100.0 for token in range(len(tokenizer), rows)} if rows > len(tokenizer) else None
+    unused = rows_past_tokenizer(AutoConfig.from_pretrained(path).get_text_config().vocab_size, tokenizer)
+    return dict.fromkeys(unused, -100.0) if unused else None
 
 
 @contextmanager

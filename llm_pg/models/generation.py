@@ -67,7 +67,12 @@ def unused_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase)
     """The ids the model's head scores but the tokenizer does not define: the embedding's padding rows (Qwen2.5:
     151,936 rows for 151,665 tokens). Sampling never draws them (their probability was 3e-11 on a Qwen prompt at
     T 0.8, so the sampler's distribution differs from the full softmax the trainer scores by about that much)."""
-    rows = model.config.get_text_config().vocab_size
+    return rows_past_tokenizer(model.config.get_text_config().vocab_size, tokenizer)
+
+
+def rows_past_tokenizer(rows: int, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids of a head of `rows` rows that the tokenizer does not define (`unused_token_ids`' rule, for a caller
+    that has the model's config and not the model)."""
     return list(range(len(tokenizer), rows)) if rows > len(tokenizer) else []
 
 

@@ -48,24 +48,31 @@ def metrics(target: float = TARGET) -> list[tuple[str, str, str]]:
     ]
 
 
+def _resampled_means(values: Sequence[float], rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """`[resamples]` means of `values` drawn with replacement (n draws from n values)."""
+    v = np.asarray(values, dtype=float)
+    return v[rng.integers(0, len(v), size=(resamples, len(v)))].mean(1)
+
+
+def _interval(samples: np.ndarray) -> tuple[float, float]:
+    low, high = np.quantile(samples, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return float(low), float(high)
+
+
 def bootstrap_interval(
     reference: Sequence[float], setting: Sequence[float], resamples: int = RESAMPLES, seed: int = SEED
 ) -> tuple[float, float, float]:
     """`(diff, low, high)`: `mean(setting) - mean(reference)` and its `LEVEL` percentile-bootstrap interval."""
-    a, b = np.asarray(reference, dtype=float), np.asarray(setting, dtype=float)
     rng = np.random.default_rng(seed)
-    means_a = a[rng.integers(0, len(a), size=(resamples, len(a)))].mean(1)  # [resamples]
-    means_b = b[rng.integers(0, len(b), size=(resamples, len(b)))].mean(1)
-    low, high = np.quantile(means_b - means_a, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-    return float(b.mean() - a.mean()), float(low), float(high)
+    means_a = _resampled_means(reference, rng, resamples)  # drawn first, then the setting's: the same stream
+    means_b = _resampled_means(setting, rng, resamples)
+    return float(np.mean(setting) - np.mean(reference)), *_interval(means_b - means_a)
 
 
 def bootstrap_mean(values: Sequence[float], resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float, float]:
     """`(mean, low, high)`: the mean of `values` and its `LEVEL` percentile-bootstrap interval (one sample)."""
-    v = np.asarray(values, dtype=float)
-    means = v[np.random.default_rng(seed).integers(0, len(v), size=(resamples, len(v)))].mean(1)
-    low, high = np.quantile(means, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-    return float(v.mean()), float(low), float(high)
+    means = _resampled_means(values, np.random.default_rng(seed), resamples)
+    return float(np.mean(values)), *_interval(means)
 
 
 def _values(runs: list[RunLog], key: str, target: float = TARGET) -> tuple[list[float], bool]:
