@@ -65,7 +65,8 @@ its KL to the reference reaches 11 (without any push: 2.8 to 4.9). What still di
 An iteration's time is the wall clock between the ends of consecutive iterations (llm_pg: its `time/elapsed`
 metric; TRL: the end of every second optimizer step), so it holds sampling, scoring, the pi_old and reference
 passes, the update, logging and (llm_pg only) the `last.ckpt` it rewrites every iteration. The first iteration
-is warm-up and dropped. Each repetition runs each side in a fresh process, in alternating order; a side's
+is warm-up and dropped (until 2026-12-04 the second was dropped too, so the figures in docs/algorithms.md from
+before then time iterations 3 to N). Each repetition runs each side in a fresh process, in alternating order; a side's
 figure is the median over repetitions of its per-run median. The LAST line printed is JSON:
 `{"llm_pg_s": ..., "trl_s": ..., "ratio": ..., "engine": "hf" | "vllm", "llm_pg_decode": "compiled" | "eager"}`
 (ratio = llm_pg / TRL; below 1 means llm_pg is faster). A figure to compare, never an assertion: other jobs on the
@@ -380,7 +381,8 @@ def one_run(side: str, race: Race, iterations: int, tokens: int, min_tokens: int
     done = subprocess.run(command, cwd=ROOT, env={**os.environ, **ENV, **threads}, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{side} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"][1:]
+    seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]  # iterations 2..N: the first is dropped
+    print(f"  {side} iterations 2-{iterations}: " + " ".join(f"{s:.1f}" for s in seconds), flush=True)
     return statistics.median(seconds)
 
 

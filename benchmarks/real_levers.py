@@ -199,7 +199,10 @@ def main() -> None:
             print(f"{name:<20} FAILED: {str(error)[-600:]}", flush=True)
             continue
         results.setdefault(name, []).append(figures)
-        shown = "  ".join(f"{phase} {value:6.2f} s" for phase, value in figures.items())
+        shown = "  ".join(
+            f"{phase} {value:6.1f}" if phase.endswith("_s") else f"{phase} {value:6.2f} s"
+            for phase, value in figures.items()
+        )
         print(f"{name:<20} {shown}", flush=True)
     base = statistics.median(f["iteration"] for f in results["baseline"])
     spread = [f["iteration"] for f in results["baseline"]]
