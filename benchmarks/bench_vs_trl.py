@@ -402,7 +402,9 @@ def main() -> None:
         default="tiny",
         help="real: SmolLM2-135M at the course's format_copy settings; qwen: Qwen2.5-Coder-0.5B, the math rehearsal",
     )
-    parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on both sides (real)")
+    parser.add_argument(
+        "--checkpointing", action="store_true", help="gradient checkpointing on both sides (real, qwen)"
+    )
     parser.add_argument("--trl-micro-batch", type=int, help="TRL's rows per micro-batch (default: llm_pg's)")
     parser.add_argument("--side", choices=["llm_pg", "trl"], help=argparse.SUPPRESS)  # one run, in a child
     args = parser.parse_args()

@@ -80,8 +80,12 @@ def main() -> int:
         args.save.write_text(json.dumps({"config": args.config, "iterations": args.iterations, **found}, indent=1))
     if args.against is None:
         return 0
-    saved = json.loads(args.against.read_text())
-    if (saved.pop("config"), saved.pop("iterations")) != (args.config, args.iterations):
+    try:
+        saved = json.loads(args.against.read_text())
+        settings = (saved.pop("config"), saved.pop("iterations"))
+    except (ValueError, KeyError, AttributeError, TypeError):
+        raise SystemExit(f"{args.against}: not a file written by --save; write one with --save first") from None
+    if settings != (args.config, args.iterations):
         raise SystemExit(f"{args.against} was saved for another config or iteration count: rerun with the same ones")
     differ = sorted(name for name in saved.keys() | found.keys() if saved.get(name) != found.get(name))
     for name in differ:

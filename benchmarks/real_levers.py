@@ -108,6 +108,7 @@ def update_flops(run_dir: Path, completion_len: float) -> float:
 
     import yaml
 
+    from llm_pg.models.generation import encode_prompts
     from llm_pg.models.loading import load_tokenizer, resolve_model_path
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -117,7 +118,7 @@ def update_flops(run_dir: Path, completion_len: float) -> float:
     task = getattr(importlib.import_module(module), name)(**data["task"].get("init_args", {}))
     path = resolve_model_path(args["model_name_or_path"])
     conversation = task.messages(task.train_example(0, 0))
-    prompt = len(load_tokenizer(path).apply_chat_template(conversation, tokenize=True, add_generation_prompt=True))
+    prompt = int(encode_prompts(load_tokenizer(path), [conversation])["attention_mask"].sum())  # as the rollout encodes
     groups, group = data["prompts_per_step"], args["group_size"]
     passes = 1 if model["class_path"].endswith("ReinforceModule") else args["ppo_epochs"]
     per_token = 6 if args["gradient_checkpointing"] else 4
