@@ -163,6 +163,15 @@ class ReservedLayer(DynamicLayer):
         self._held = held + new
         return self.keys, self.values
 
+    def batch_select_indices(self, indices: Tensor) -> None:
+        """Keep the batch rows `indices` `[b]` (`llm_pg.models.decode_loop` dropping ended rows): the buffers are
+        selected, with their room, instead of leaving them as `DynamicLayer`'s assignment would."""
+        if self._buffers is None:
+            super().batch_select_indices(indices)
+        else:
+            keys, values = (buffer.index_select(0, indices) for buffer in self._buffers)
+            self._buffers = (keys, values)
+
     def _reallocate(self, held: int, new: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
         capacity = held + new + max(self.reserve, held) + 1  # + 1: `has_room` keeps one position free
         fresh = []

@@ -11,6 +11,7 @@ from torch import Tensor
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from llm_pg.models.cache import kv_cache, with_kv_cache
+from llm_pg.models.decode_loop import decode
 from llm_pg.models.decoding import compiled_forward, reserved_cache
 from llm_pg.models.sampling import NucleusSampler
 
@@ -162,8 +163,10 @@ def generate(
 
     Sampling is plain temperature/top-p sampling: top-k and repetition penalties that a model's own
     generation config may carry are switched off, so the log-probs the trainer computes at `temperature`
-    are those of the sampling distribution (up to top-p truncation). With `top_p < 1` the token is drawn by
-    `llm_pg.models.sampling.NucleusSampler` (transformers' nucleus, without sorting the vocabulary at every token).
+    are those of the sampling distribution (up to top-p truncation). With `top_p < 1` the token is drawn from
+    `llm_pg.models.sampling.nucleus` (transformers' nucleus, without sorting the vocabulary at every token).
+    The decode loop is ours (`llm_pg.models.decode_loop.decode`: rows that have ended leave the batch, the tokens
+    are HF `generate`'s); a model whose generation config names a cache of its own decodes with HF `generate`.
     With `seed`, sampling draws from a forked RNG seeded with it: the same seed gives the same completions and
     global RNG state is untouched.
     With `share_prompt` and several samples, each prompt is prefilled once (`prompt_cache`) instead of once per
@@ -232,13 +235,6 @@ def sample_ids(
     eos = eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     unused = unused_token_ids(model, tokenizer)
-    if sampling.greedy:
-        draw = {"do_sample": False}
-    elif sampling.top_p < 1.0:  # our nucleus sampler draws the token; generate's greedy argmax then takes it
-        nucleus = NucleusSampler(sampling.temperature, sampling.top_p)
-        draw = {"do_sample": False, "logits_processor": LogitsProcessorList([nucleus])}
-    else:
-        draw = {"do_sample": True, "temperature": sampling.temperature, "top_p": 1.0, "top_k": 0}
     was_training = model.training
     model.eval()
     cache = reserved_cache(model, cache, sampling.max_new_tokens)
@@ -246,24 +242,51 @@ def sample_ids(
     with torch.random.fork_rng(devices=devices, enabled=seed is not None), compiled_forward(model, compiled):
         if seed is not None:
             torch.manual_seed(seed)
-        output = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            max_new_tokens=sampling.max_new_tokens,
-            min_new_tokens=sampling.min_new_tokens,
-            repetition_penalty=1.0,
-            num_beams=1,
-            eos_token_id=eos,
-            pad_token_id=pad,
-            use_cache=True,
-            # transformers would turn this on for an FSDP model and all-reduce at every token; FSDP2 models are
-            # gathered once around the call instead (`llm_pg.models.parallel.unsharded`), so ranks decode alone.
-            synced_gpus=False,
-            **(with_kv_cache(cache) if cache is not None else {}),
-            **({"suppress_tokens": unused} if unused else {}),  # none for the tiny model and SmolLM2
-            **draw,
-        )
+        if cache is not None:  # our loop: ended rows leave the batch (llm_pg.models.decode_loop)
+            ids = decode(model, prompt_ids, prompt_mask, cache, sampling, eos, pad, unused)
+        else:
+            ids = hf_generate(model, prompt_ids, prompt_mask, sampling, eos, pad, unused)
     model.train(was_training)
+    return ids  # [N, C]
+
+
+def hf_generate(
+    model: PreTrainedModel,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    sampling: Sampling,
+    eos: list[int],
+    pad: int,
+    unused: list[int],
+    cache=None,
+) -> Tensor:
+    """`decode`'s tokens from HF `generate` itself, for a model whose generation config names a cache of its own
+    (static, hybrid, ...): every row runs until the longest ends. `cache`: a KV cache to continue (tests compare
+    `decode` with this)."""
+    if sampling.greedy:
+        draw = {"do_sample": False}
+    elif sampling.top_p < 1.0:  # our nucleus sampler draws the token; generate's greedy argmax then takes it
+        nucleus = NucleusSampler(sampling.temperature, sampling.top_p)
+        draw = {"do_sample": False, "logits_processor": LogitsProcessorList([nucleus])}
+    else:
+        draw = {"do_sample": True, "temperature": sampling.temperature, "top_p": 1.0, "top_k": 0}
+    output = model.generate(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        max_new_tokens=sampling.max_new_tokens,
+        min_new_tokens=sampling.min_new_tokens,
+        repetition_penalty=1.0,
+        num_beams=1,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        use_cache=True,
+        # transformers would turn this on for an FSDP model and all-reduce at every token; FSDP2 models are
+        # gathered once around the call instead (`llm_pg.models.parallel.unsharded`), so ranks decode alone.
+        synced_gpus=False,
+        **(with_kv_cache(cache) if cache is not None else {}),
+        **({"suppress_tokens": unused} if unused else {}),  # none for the tiny model and SmolLM2
+        **draw,
+    )
     return output[:, prompt_ids.shape[1] :]  # [N, C]
 
 
