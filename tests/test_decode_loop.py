@@ -1,6 +1,8 @@
 """The HF engine's decode loop (`llm_pg.models.decode_loop.decode`): rows that have ended leave the batch, and every
 row draws the tokens HF `generate` draws from the same seed."""
 
+import itertools
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -71,7 +73,7 @@ def test_each_row_draws_hf_generates_tokens_while_ended_rows_leave_the_batch(mod
         assert rows[0] == len(ours) and rows[-1] < len(ours) / 2  # the last steps ran on the rows still going
         assert rows == sorted(rows, reverse=True)
         # each step that shrank the batch dropped at least an eighth of it
-        assert all(b * 8 <= a * 7 for a, b in zip(rows, rows[1:], strict=False) if b < a)
+        assert all(b * 8 <= a * 7 for a, b in itertools.pairwise(rows) if b < a)
 
 
 def test_a_seed_draws_the_same_tokens_and_another_seed_others(eos_model_dir):

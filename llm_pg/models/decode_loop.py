@@ -88,9 +88,7 @@ def decode(
     return out[:, :steps]
 
 
-def choose(
-    logits: Tensor, step: int, sampling, eos: list[int], unused: list[int], who: Tensor, rows: int
-) -> Tensor:
+def choose(logits: Tensor, step: int, sampling, eos: list[int], unused: list[int], who: Tensor, rows: int) -> Tensor:
     """The next id `[r]` of each running row from its float32 logits `[r, V]` (changed in place) at decode step
     `step`; `who` `[r]` are the rows' places in a batch of `rows`, the shape every random draw is made over."""
     if step < sampling.min_new_tokens:
