@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from llm_pg.models.decode_loop import decode
+from llm_pg.models.decode_loop import decode, kept_rows
 from llm_pg.models.decoding import reserved_cache
 from llm_pg.models.generation import (
     Sampling,
@@ -71,7 +71,7 @@ def test_each_row_draws_hf_generates_tokens_while_ended_rows_leave_the_batch(mod
         lengths = [next((i + 1 for i, t in enumerate(row) if t in eos), len(row)) for row in ours.tolist()]
         assert len(set(lengths)) >= 5 and min(lengths) >= 3  # many lengths; EOS blocked for the first 2 tokens
         assert rows[0] == len(ours) and rows[-1] < len(ours) / 2  # the last steps ran on the rows still going
-        assert rows == sorted(rows, reverse=True)
+        assert rows == sorted(rows, reverse=True) and min(rows) >= 2  # never one row: see kept_rows
         # each step that shrank the batch dropped at least an eighth of it
         assert all(b * 8 <= a * 7 for a, b in itertools.pairwise(rows) if b < a)
 
@@ -93,3 +93,9 @@ def test_the_output_is_as_long_as_the_longest_row_and_pads_after_each_eos(eos_mo
     for row, end in zip(ours.tolist(), ended, strict=True):
         if end is not None:
             assert all(t == pad for t in row[end + 1 :])
+
+
+def test_compaction_keeps_the_running_rows_and_an_ended_one_beside_a_last_running_row():
+    assert kept_rows(torch.tensor([True, False, True, True, False])).tolist() == [0, 2, 3]
+    assert kept_rows(torch.tensor([False, False, True, False])).tolist() == [0, 2]  # a compiled step: not 1 row
+    assert kept_rows(torch.tensor([True])).tolist() == [0]

@@ -8,7 +8,8 @@ Every engine has
   completions right-padded with the pad id after their first EOS, texts decoded without special tokens;
 - `load_weights(model)`: make the engine sample from `model`'s current weights.
 
-`HFEngine` (default) samples with the policy itself through HF `generate`; `VLLMEngine` (optional, `llm-pg[vllm]`)
+`HFEngine` (default) samples with the policy itself (`llm_pg.models.generation.generate`, HF `generate`'s
+tokens from our decode loop); `VLLMEngine` (optional, `llm-pg[vllm]`)
 runs vLLM colocated in the training process and also returns vLLM's log-prob of every sampled token. It is
 imported from `llm_pg.engines.vllm` only when asked for, because importing vLLM is slow and it is not installed
 by default. `build_engine(module)` makes the one the module's `rollout_engine` key names; the module holds it as

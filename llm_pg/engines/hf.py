@@ -1,4 +1,4 @@
-"""HFEngine: the engine interface over HF `generate` (`llm_pg.models.generation.generate`), sampling with the policy."""
+"""HFEngine: the engine interface over the policy's own HF model (`llm_pg.models.generation.generate`)."""
 
 from __future__ import annotations
 

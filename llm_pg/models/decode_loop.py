@@ -78,14 +78,23 @@ def decode(
         if not bool(running.any()):
             break
         ended = len(batch) - int(running.sum())
-        if compactable and ended * COMPACT_FRACTION >= len(batch):
-            keep = running.nonzero().squeeze(1)  # [r]
+        keep = kept_rows(running) if compactable and ended * COMPACT_FRACTION >= len(batch) else None
+        if keep is not None and len(keep) < len(batch):
             cache.batch_select_indices(keep)
             batch, mask, nxt, running = batch[keep], mask[keep], nxt[keep], running[keep]
         mask = torch.cat([mask, mask.new_ones(len(batch), 1)], dim=1)
         ids = nxt[:, None]  # [b, 1]
         positions = mask.sum(-1, keepdim=True) - 1  # the new token's position among the row's real tokens
     return out[:, :steps]
+
+
+def kept_rows(running: Tensor) -> Tensor:
+    """The batch rows `[k]` a compaction keeps: the running ones, and one ended row beside a last running row (a
+    compiled decode step specialises a batch of one row, and would compile again for it)."""
+    keep = running.nonzero().squeeze(1)
+    if len(keep) == 1 and len(running) > 1:
+        keep = torch.cat([keep, (~running).nonzero()[:1, 0]]).sort().values
+    return keep
 
 
 def choose(logits: Tensor, step: int, sampling, eos: list[int], unused: list[int], who: Tensor, rows: int) -> Tensor:
