@@ -89,7 +89,7 @@ def test_the_output_is_as_long_as_the_longest_row_and_pads_after_each_eos(eos_mo
     ours, _, _ = _sample_both(model, tokenizer, DRAWS["nucleus"], False)
     eos, pad = eos_token_ids(model, tokenizer), tokenizer.pad_token_id
     ended = [next((i for i, t in enumerate(row) if t in eos), None) for row in ours.tolist()]
-    assert ours.shape[1] == 24 or ours.shape[1] == max(i + 1 for i in ended if i is not None)
+    assert ours.shape[1] == max(24 if end is None else end + 1 for end in ended)
     for row, end in zip(ours.tolist(), ended, strict=True):
         if end is not None:
             assert all(t == pad for t in row[end + 1 :])

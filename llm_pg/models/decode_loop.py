@@ -22,6 +22,8 @@ ended row whose pad-token distribution is flat; the draw's shape then differs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
@@ -29,6 +31,9 @@ from transformers.cache_utils import Cache
 
 from llm_pg.models.cache import with_kv_cache
 from llm_pg.models.sampling import nucleus
+
+if TYPE_CHECKING:  # generation imports this module
+    from llm_pg.models.generation import Sampling
 
 COMPACT_FRACTION = 8  # drop ended rows once at least 1/8 of the batch has ended: a copy of the cache per 1/8
 
@@ -38,15 +43,15 @@ def decode(
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     cache: Cache,
-    sampling,
+    sampling: Sampling,
     eos: list[int],
     pad: int,
     unused: list[int],
 ) -> Tensor:
-    """`[N, C]` ids sampled after left-padded `prompt_ids` `[N, P]` (mask `prompt_mask`), as `sampling` (a
-    `llm_pg.models.generation.Sampling`) says: each row up to and including its first id in `eos`, then `pad`; C is
-    the longest row's length (at most `sampling.max_new_tokens`). `cache` holds the KV of a first part of the prompt
-    (`prompt_cache`) or nothing; it is filled and cut down in place. Random draws come from torch's current stream."""
+    """`[N, C]` ids sampled after left-padded `prompt_ids` `[N, P]` (mask `prompt_mask`), as `sampling` says: each
+    row up to and including its first id in `eos`, then `pad`; C is the longest row's length (at most
+    `sampling.max_new_tokens`). `cache` holds the KV of a first part of the prompt (`prompt_cache`) or nothing; it
+    is filled and cut down in place. Random draws come from torch's current stream."""
     rows, device = prompt_ids.shape[0], prompt_ids.device
     out = torch.full((rows, sampling.max_new_tokens), pad, dtype=torch.long, device=device)  # [N, C]
     eos_ids = torch.tensor(eos, device=device)
@@ -59,16 +64,18 @@ def decode(
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, seen:]  # as generate numbers them
     steps = 0
     for step in range(sampling.max_new_tokens):
-        output = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **with_kv_cache(cache),
-        )
-        logits = output.logits[:, -1].float()  # [b, V]
-        del output  # the prefill's logits are the largest tensor of the loop
+        logits = (
+            model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **with_kv_cache(cache),
+            )
+            .logits[:, -1]
+            .float()
+        )  # [b, V]
         tokens = choose(logits[running], step, sampling, eos, unused, batch[running], rows)  # [r]
         out[batch[running], step] = tokens
         steps = step + 1
@@ -97,7 +104,9 @@ def kept_rows(running: Tensor) -> Tensor:
     return keep
 
 
-def choose(logits: Tensor, step: int, sampling, eos: list[int], unused: list[int], who: Tensor, rows: int) -> Tensor:
+def choose(
+    logits: Tensor, step: int, sampling: Sampling, eos: list[int], unused: list[int], who: Tensor, rows: int
+) -> Tensor:
     """The next id `[r]` of each running row from its float32 logits `[r, V]` (changed in place) at decode step
     `step`; `who` `[r]` are the rows' places in a batch of `rows`, the shape every random draw is made over."""
     if step < sampling.min_new_tokens:
