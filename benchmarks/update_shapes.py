@@ -110,7 +110,7 @@ def make_rollout(rows: int, scale: float, seed: int = 0):
         attention[row, prompt_len - p : prompt_len + n] = 1
     mask = attention[:, prompt_len:].bool()
     rewards = (torch.rand(rows, generator=g) < 0.3).float() * 1.3  # the share a 1.5B model solves, a non-1.0 value
-    from llm_pg.core.losses import group_advantages
+    from llm_pg.core.advantages import group_advantages
 
     return RolloutBatch(
         input_ids=ids, attention_mask=attention, completion_mask=mask, rewards=rewards,

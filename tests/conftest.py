@@ -134,7 +134,9 @@ def stand_in_trainer(task: Task, examples: list[Example]):
     next batch (position 0) is `examples`."""
     from types import SimpleNamespace
 
-    stream = SimpleNamespace(task=task, next_batch=0, prompt_batch=lambda position: examples)
+    from llm_pg.data.batches import PromptBatch
+
+    stream = SimpleNamespace(task=task, next_batch=0, prompt_batch=lambda position: PromptBatch(position, examples))
     return SimpleNamespace(datamodule=stream, global_rank=0, world_size=1)
 
 

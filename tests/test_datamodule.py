@@ -7,11 +7,12 @@ import lightning as L
 import pytest
 import torch
 
+from llm_pg.data.batches import PromptBatch
 from llm_pg.data.datamodule import PromptGroupDataModule
 from llm_pg.data.tasks import ArithTask, FormatCopyTask
 
 
-def first_batches(datamodule: PromptGroupDataModule, count: int) -> list[dict]:
+def first_batches(datamodule: PromptGroupDataModule, count: int) -> list[PromptBatch]:
     iterator = iter(datamodule.train_dataloader())
     return [next(iterator) for _ in range(count)]
 
@@ -20,8 +21,8 @@ def test_batches_hold_prompts_per_step_examples_from_the_stream():
     task = FormatCopyTask()
     datamodule = PromptGroupDataModule(task, prompts_per_step=3, seed=7)
     batches = first_batches(datamodule, 4)
-    assert [b["index"] for b in batches] == [0, 1, 2, 3]
-    assert batches[2]["examples"] == [task.train_example(6 + j, seed=7) for j in range(3)]
+    assert [b.index for b in batches] == [0, 1, 2, 3]
+    assert batches[2].examples == [task.train_example(6 + j, seed=7) for j in range(3)]
     assert datamodule.next_batch == 0  # yielding does not count as consuming
 
 
@@ -46,7 +47,7 @@ def test_ranks_get_disjoint_prompts():
         datamodule = PromptGroupDataModule(task, prompts_per_step=4, seed=0)
         datamodule.trainer = SimpleNamespace(global_rank=rank, world_size=2)
         batches = first_batches(datamodule, 3)
-        seen.append([e.prompt for b in batches for e in b["examples"]])
+        seen.append([e.prompt for b in batches for e in b.examples])
     assert not set(seen[0]) & set(seen[1])
     assert seen[0][:4] == [task.train_example(j, seed=0).prompt for j in range(4)]
     assert seen[1][:4] == [task.train_example(4 + j, seed=0).prompt for j in range(4)]
@@ -86,8 +87,8 @@ class RecordingModule(L.LightningModule):
         self.validated: list[str] = []
 
     def training_step(self, batch, batch_idx):
-        self.used.append((batch["index"], [e.prompt for e in batch["examples"]]))
-        self.trainer.datamodule.mark_consumed(batch["index"])
+        self.used.append((batch.index, [e.prompt for e in batch.examples]))
+        self.trainer.datamodule.mark_consumed(batch.index)
         return (self.weight - 1.0) ** 2
 
     def validation_step(self, batch, batch_idx):

@@ -20,8 +20,8 @@ from conftest import ROOT, SUBPROCESS_ENV, fit
 from lightning.pytorch.callbacks import Callback
 from transformers import AutoModelForCausalLM
 
-from llm_pg.callbacks.rollout import ScoredRollout
 from llm_pg.core.rollout import concat_rollouts
+from llm_pg.data.batches import ScoredRollout
 from llm_pg.modules import GRPOModule
 
 pytestmark = pytest.mark.distributed
@@ -47,9 +47,9 @@ class RolloutRecorder(Callback):
     """Saves each rank's rollout and prompts per iteration (runs right after the RolloutCallback)."""
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-        out = Path(trainer.default_root_dir) / "rollouts" / f"iter{batch['index']}_rank{trainer.global_rank}.pt"
+        out = Path(trainer.default_root_dir) / "rollouts" / f"iter{batch.index}_rank{trainer.global_rank}.pt"
         out.parent.mkdir(parents=True, exist_ok=True)
-        scored = batch["rollout"]
+        scored = batch.rollout
         torch.save({"rollout": scored.rows.to("cpu"), "examples": scored.examples}, out)
 
 
@@ -103,12 +103,12 @@ class ReplayRollouts(Callback):
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         folder = Path(os.environ["LLM_PG_REPLAY"])
-        parts = [torch.load(folder / f"iter{batch['index']}_rank{r}.pt", weights_only=False) for r in (0, 1)]
+        parts = [torch.load(folder / f"iter{batch.index}_rank{r}.pt", weights_only=False) for r in (0, 1)]
         rollout, examples = merge(parts)
-        assert [e.prompt for e in batch["examples"]] == [e.prompt for e in examples]  # rank 0's then rank 1's
-        rollout.old_logp = module.old_logprobs(rollout)
-        rollout.ref_logp = module.reference_logprobs(rollout)
-        batch["rollout"] = ScoredRollout(rollout, [], {"train/reward": float(rollout.rewards.mean())})
+        assert [e.prompt for e in batch.examples] == [e.prompt for e in examples]  # rank 0's then rank 1's
+        old, ref = module.old_logprobs(rollout), module.reference_logprobs(rollout)
+        rollout = dataclasses.replace(rollout, old_logp=old, ref_logp=ref)
+        batch.rollout = ScoredRollout(rollout, [], {"train/reward": float(rollout.rewards.mean())})
 
 
 class ReplayGRPO(GRPOModule):

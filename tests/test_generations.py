@@ -1,6 +1,7 @@
 """The sampled-generations table: whole prompt groups up to `log_generations_rows`, with the gold answer, reward
 components, correct, advantage, length and truncation; the same rows in generations.jsonl and the W&B table."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -11,8 +12,8 @@ from test_metrics import EOS, rollout, scores
 
 from llm_pg.callbacks.evaluation import EvalCallback
 from llm_pg.callbacks.generations import GenerationsCallback, table_rows
-from llm_pg.callbacks.rollout import ScoredRollout
 from llm_pg.callbacks.sharded_eval import Evaluation
+from llm_pg.data.batches import PromptBatch, ScoredRollout
 from llm_pg.data.tasks.base import Example
 from llm_pg.modules.settings import check_settings
 
@@ -20,10 +21,8 @@ EXAMPLES = [Example("Copy: 41", "41"), Example("Copy: -7", "-7")]
 
 
 def filled_rollout():
-    batch = rollout()
-    batch.advantages = torch.tensor([1.3, -0.4, -0.9, 0.0, 0.0, 0.0])
-    batch.texts = [f"text {i}" for i in range(6)]
-    return batch
+    texts = [f"text {i}" for i in range(6)]
+    return dataclasses.replace(rollout(), advantages=torch.tensor([1.3, -0.4, -0.9, 0.0, 0.0, 0.0]), texts=texts)
 
 
 @pytest.mark.parametrize(("max_rows", "rows"), [(24, 6), (6, 6), (5, 3), (4, 3), (1, 3)])
@@ -52,7 +51,8 @@ def test_columns_hold_answer_components_correct_length_and_truncation():
 
 def test_length_counts_the_sampled_tokens_even_when_mask_truncated_zeroed_the_mask():
     batch = filled_rollout()
-    batch.completion_mask = batch.completion_mask & torch.tensor([[True], [False], [True], [True], [True], [False]])
+    zeroed = batch.completion_mask & torch.tensor([[True], [False], [True], [True], [True], [False]])
+    batch = dataclasses.replace(batch, completion_mask=zeroed)
     columns, table = table_rows(0, batch, scores(), EXAMPLES, [EOS], group_size=3, max_rows=24)
     assert [row[columns.index("length")] for row in table] == [3, 4, 1, 2, 4, 4]
 
@@ -81,7 +81,7 @@ def test_the_callback_writes_the_jsonl_and_the_wandb_table_keeping_the_iteration
     hparams = SimpleNamespace(log_generations_every=5, group_size=3, log_generations_rows=4)
     module = SimpleNamespace(iteration=6, hparams=hparams, policy=None, tokenizer=None)
     monkeypatch.setattr("llm_pg.callbacks.generations.eos_token_ids", lambda policy, tokenizer: [EOS])
-    batch = {"rollout": ScoredRollout(filled_rollout(), scores(), examples=EXAMPLES)}
+    batch = PromptBatch(0, EXAMPLES, ScoredRollout(filled_rollout(), scores(), examples=EXAMPLES))
     GenerationsCallback().on_train_batch_end(trainer, module, None, batch, 0)  # iteration 6 sampled: 6 = 1 + 5
     lines = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
     assert len(lines) == 3 and all(row["iteration"] == 6 for row in lines)  # runs.logs.trim_logs reads `iteration`
@@ -102,11 +102,12 @@ def test_eval_completions_go_to_wandb_as_a_table(tmp_path, monkeypatch):
         score=lambda completion, example: scores()[0 if example.answer in completion else 1],
     )
     trainer = SimpleNamespace(loggers=[logger], datamodule=SimpleNamespace(task=task), is_global_zero=True)
-    module = SimpleNamespace(iteration=10, policy=None, latest_eval={})
+    module = SimpleNamespace(iteration=10, policy=None, latest_eval={}, engine=None, eval_context=lambda data: None)
     completions = ["<answer>41</answer>", "7"]
     scored = [task.score(c, x) for c, x in zip(completions, EXAMPLES, strict=True)]
     monkeypatch.setattr(
-        "llm_pg.callbacks.evaluation.evaluate", lambda m, t, e: Evaluation({"exact_match": 0.5}, completions, scored)
+        "llm_pg.callbacks.evaluation.evaluate",
+        lambda context, engine, examples, iteration: Evaluation({"exact_match": 0.5}, completions, scored),
     )
     EvalCallback()._evaluate(trainer, module)
     [(key, columns, data, step)] = logger.tables

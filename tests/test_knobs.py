@@ -16,16 +16,12 @@ import torch
 from conftest import fit
 from safetensors.torch import load_file
 
+from llm_pg.core.advantages import overlong_penalty
 from llm_pg.core.chunked_logprobs import chunked_target_logprobs
-from llm_pg.core.losses import (
-    cispo_loss,
-    differentiable_entropy,
-    entropy_bonus,
-    grpo_loss,
-    off_policy_keep,
-    overlong_penalty,
-    sampler_is_weight,
-)
+from llm_pg.core.correction import off_policy_keep, sampler_is_weight
+from llm_pg.core.losses import differentiable_entropy, entropy_bonus
+from llm_pg.core.objectives import cispo_loss, grpo_loss
+from llm_pg.core.rollout import MicroBatch
 from llm_pg.core.schedule import lr_factor
 from llm_pg.modules import GRPOModule, ReinforceModule
 from llm_pg.runs.config import config_changes
@@ -408,10 +404,11 @@ def test_reinforce_on_its_own_samples_refuses_the_off_policy_mask():
 def test_the_defaults_weigh_nothing_and_tis_cap_is_token_truncate():
     module = GRPOModule(model_name_or_path="tiny")
     _, old, sampler, mask, advantages, _ = _sampler_tensors()
-    rollout = SimpleNamespace(old_logp=old, sampled_logp=sampler, completion_mask=mask, advantages=advantages)
-    assert module.policy_weight(old, rollout) == (None, {})  # the losses' is_weight=None: the course's path
+    rows = SimpleNamespace(old_logp=old, sampled_logp=sampler, completion_mask=mask, advantages=advantages)
+    micro = MicroBatch(rows, old)
+    assert module.objective.policy_weight(old, micro) == (None, None)  # is_weight=None: the course's path
     capped = GRPOModule(model_name_or_path="tiny", tis_cap=1.5)
-    weight, _ = capped.policy_weight(old, rollout)
+    weight, _ = capped.objective.policy_weight(old, micro)
     assert torch.equal(weight, sampler_is_weight(old, sampler, mask, "token_truncate", 1.5))
 
 

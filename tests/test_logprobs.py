@@ -1,10 +1,13 @@
 """Sequence log-probs of a left-padded rollout equal those of each row scored alone, unpadded."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import DigitTask, stand_in_trainer
 
 from llm_pg.callbacks.rollout import RolloutCallback
+from llm_pg.data.batches import PromptBatch
 from llm_pg.data.tasks.base import Example
 from llm_pg.modules import GRPOModule
 
@@ -24,9 +27,9 @@ def alone_logprobs(model, rollout, row: int, temperature: float) -> torch.Tensor
     return scored.gather(-1, completion[:, None]).squeeze(-1)  # [|completion|]
 
 
-def sample_rollout(module, examples) -> dict:
+def sample_rollout(module, examples) -> PromptBatch:
     """One rollout through the real RolloutCallback, with a stand-in trainer."""
-    batch = {"index": 0, "examples": examples}
+    batch = PromptBatch(0, examples)
     RolloutCallback().on_train_batch_start(stand_in_trainer(DigitTask(eval_size=2), examples), module, batch, 0)
     return batch
 
@@ -40,9 +43,9 @@ def end_some_rows_early(module, rollout):
         rollout.input_ids[row, rollout.prompt_len + column + 1 :] = module.tokenizer.pad_token_id
         rollout.completion_mask[row, column + 1 :] = False
         rollout.attention_mask[row, rollout.prompt_len + column + 1 :] = 0
-    rollout.old_logp = module.old_logprobs(rollout)
-    rollout.ref_logp = module.reference_logprobs(rollout)
-    return rollout
+    return dataclasses.replace(
+        rollout, old_logp=module.old_logprobs(rollout), ref_logp=module.reference_logprobs(rollout)
+    )
 
 
 @pytest.mark.parametrize(("logprob_temperature", "expected_t"), [(1.0, 1.0), (None, 0.7)])
@@ -60,7 +63,7 @@ def test_padded_batch_logprobs_equal_each_row_alone(random_model_dir, logprob_te
     )
     module.configure_model()
     rollout = end_some_rows_early(
-        module, sample_rollout(module, [Example(prompt=p, answer="") for p in PROMPTS])["rollout"].rows
+        module, sample_rollout(module, [Example(prompt=p, answer="") for p in PROMPTS]).rollout.rows
     )
     pads = (rollout.attention_mask[:, : rollout.prompt_len] == 0).sum(1)
     assert len(set(pads.tolist())) == 3  # three padding widths: the test means something

@@ -5,18 +5,9 @@ import math
 import pytest
 import torch
 
-from llm_pg.core.losses import (
-    advantages,
-    aggregate,
-    approx_kl,
-    completion_mask,
-    group_advantages,
-    grpo_loss,
-    masked_mean,
-    reinforce_loss,
-    settled_groups,
-    token_logprobs,
-)
+from llm_pg.core.advantages import advantages, group_advantages, settled_groups
+from llm_pg.core.losses import aggregate, approx_kl, completion_mask, masked_mean, token_logprobs
+from llm_pg.core.objectives import grpo_loss, reinforce_loss
 
 # ---- token_logprobs ---------------------------------------------------------------------------------
 

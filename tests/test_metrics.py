@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from llm_pg.callbacks.rollout import RolloutCallback, apply_variants, rollout_metrics
-from llm_pg.core.losses import grpo_loss, reinforce_loss
+from llm_pg.callbacks.rollout import RolloutCallback, Variants, apply_variants, rollout_metrics
+from llm_pg.core.objectives import grpo_loss, reinforce_loss
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.data.tasks.base import Score
 
@@ -68,9 +68,9 @@ def test_lengths_truncation_reward_spread_and_tokens_per_second():
     assert "time/tokens_per_s" not in rollout_metrics(rollout(), scores(), 3, [EOS])
 
 
-def hp(**changes) -> SimpleNamespace:
+def hp(**changes) -> Variants:
     base = dict(filter_zero_std_groups=False, group_size=3, advantage="grpo", adv_clip=5.0, mask_truncated=False)
-    return SimpleNamespace(**(base | changes))
+    return Variants(**(base | changes))
 
 
 def test_advantage_abs_mean_is_over_the_rows_the_update_sees():

@@ -4,8 +4,6 @@ The logits and gradients equal the plain forward's (float rounding apart), fewer
 stays off wherever it would not be exact: reentrant gradient checkpointing or dropout in a forward that builds a graph.
 """
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -182,21 +180,15 @@ def assert_trained_alike(weights: dict, reference: dict, rows: list[dict], refer
             assert row[key] == pytest.approx(reference_row[key], rel=1e-4, abs=1e-7), key
 
 
-class _Module:
-    def __init__(
-        self, share: bool, minibatch_size: int, kl_coef: float = 0.0, aggregation: str = "seq_mean_token_mean"
-    ):
-        self.hparams = SimpleNamespace(
-            share_prompt_prefix=share, minibatch_size=minibatch_size, kl_coef=kl_coef, loss_aggregation=aggregation
-        )
+def _context(share: bool, minibatch_size: int) -> update.UpdateContext:
+    return update.UpdateContext(None, None, None, 1, minibatch_size, 1, 1.0, grouped=share, by_length=False)
 
 
 def test_forwards_take_whole_groups_only_where_a_pass_is_one_step_over_equal_micro_batches():
-    assert update.grouped_passes(_Module(True, 8), rows=48, steps=1)
-    assert update.grouped_passes(_Module(True, 8, kl_coef=0.05), rows=48, steps=1)
-    assert not update.grouped_passes(_Module(False, 8), rows=48, steps=1)  # sharing off: by micro-batch, as before
-    assert not update.grouped_passes(_Module(True, 8), rows=48, steps=2)  # several steps: order changes the update
-    assert not update.grouped_passes(_Module(True, 8), rows=44, steps=1)  # a short micro-batch weighs its rows more
+    assert update.grouped_passes(_context(True, 8), rows=48, steps=1)
+    assert not update.grouped_passes(_context(False, 8), rows=48, steps=1)  # sharing off: by micro-batch, as before
+    assert not update.grouped_passes(_context(True, 8), rows=48, steps=2)  # several steps: order changes the update
+    assert not update.grouped_passes(_context(True, 8), rows=44, steps=1)  # a short micro-batch weighs rows more
 
 
 @pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"])
@@ -205,7 +197,7 @@ def test_grouped_forwards_with_split_token_counts_make_the_shuffled_splits_step(
     # statistics) of the shuffled split equals that of forwards over rows in rollout order once each row's token
     # means divide by its own micro-batch's tokens (split_tokens). Without split_tokens the KL mean of the
     # forward's rows weighs them otherwise, and the step differs.
-    from llm_pg.core.losses import grpo_loss
+    from llm_pg.core.objectives import grpo_loss
 
     torch.manual_seed(0)
     logp = (torch.randn(8, 6) - 2).requires_grad_()
@@ -245,21 +237,24 @@ def test_a_run_with_sharing_trains_like_one_without(tmp_path, eos_model_dir, mon
     # micro-batch; without, the forwards are the shuffled micro-batches. Without that weighing this test fails.
     from conftest import fit
 
-    from llm_pg.modules import GRPOModule
+    from llm_pg.core.objectives import Objective
 
     groups: dict[str, list[set[int]]] = {"true": [], "false": []}
-    original = GRPOModule.loss
+    running = []  # the share setting of the run in progress
+    original = Objective.__call__
 
-    def recording(self, logp, rollout, num_tokens=None):
-        groups["true" if self.hparams.share_prompt_prefix else "false"].append(set(rollout.prompt_index))
-        return original(self, logp, rollout, num_tokens)
+    def recording(self, logp, entropy, micro):
+        groups[running[-1]].append(set(micro.rows.prompt_index))
+        return original(self, logp, entropy, micro)
 
-    monkeypatch.setattr(GRPOModule, "loss", recording)
+    monkeypatch.setattr(Objective, "__call__", recording)
     common = ["--model.init_args.iterations=3", "--model.init_args.grad_accum_steps=4"]
     common += ["--model.init_args.kl_coef=0.05", "--data.task=test_variants.VariedTask"]
     common += ["--data.task.init_args.eval_size=4"]
-    runs = {share: fit(tmp_path / share, eos_model_dir, *common, f"--model.init_args.share_prompt_prefix={share}")
-            for share in ("true", "false")}  # fmt: skip
+    runs = {}
+    for share in ("true", "false"):
+        running.append(share)
+        runs[share] = fit(tmp_path / share, eos_model_dir, *common, f"--model.init_args.share_prompt_prefix={share}")
     assert len(groups["true"]) == 3 * 2 * 4 and all(len(g) == 1 for g in groups["true"])  # one prompt each
     assert any(len(g) == 2 for g in groups["false"])  # shuffled: some micro-batch mixes the two prompts
     weights = {share: dict(cli.model.policy.named_parameters()) for share, cli in runs.items()}

@@ -35,7 +35,7 @@ class RolloutRecorder(Callback):
         self.rollouts = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        self.rollouts.append(batch["rollout"].rows.to("cpu"))
+        self.rollouts.append(batch.rollout.rows.to("cpu"))
 
 
 def fit_real_config(tmp_path: Path, model_dir: str, config: str, *overrides: str):

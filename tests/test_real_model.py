@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from contextlib import nullcontext
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -30,7 +29,7 @@ from llm_pg.models import real_model
 from llm_pg.models.cache import enable_activation_checkpointing
 from llm_pg.models.generation import Sampling, encode_prompts, eos_token_ids, generate, unused_token_ids
 from llm_pg.models.loading import load_tokenizer
-from llm_pg.modules.logprobs import completion_logprobs, no_grad_logprobs
+from llm_pg.modules.logprobs import LogProbs
 
 pytestmark = pytest.mark.real
 
@@ -154,10 +153,9 @@ def plain_logprobs(model, rollout: RolloutBatch) -> list[torch.Tensor]:
     return out
 
 
-def trainer_view(chunk: int, share: bool):
-    """The module attributes `completion_logprobs` reads."""
-    hparams = SimpleNamespace(logprob_chunk_size=chunk, share_prompt_prefix=share, share_prompt_dropout=False)
-    return SimpleNamespace(logprob_temperature=1.0, hparams=hparams, autocast=nullcontext, uses_lora=True)
+def trainer_view(chunk: int, share: bool, policy=None, batch_size: int = 32) -> LogProbs:
+    """The trainer's log-prob settings: temperature 1, `chunk` positions per head call, prefix sharing `share`."""
+    return LogProbs(policy, None, True, 1.0, chunk, share, False, batch_size)
 
 
 def chat_inputs(tokenizer, conversation) -> dict:
@@ -271,11 +269,9 @@ def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(spec, policy_an
     # Padded, prompt-shared or packed (chunk > 0 without sharing), chunked head or not, adapter on or disabled
     # (the reference): each row's completion log-probs equal its plain forward's, in eval mode, no grad.
     policy, rollout = policy_and_rollout
-    module = trainer_view(chunk, share)
-    module.policy, module.reference = policy, None
-    module.hparams.logprob_batch_size = 4  # three micro-batches of the nine rows
+    logprobs = trainer_view(chunk, share, policy, batch_size=4)  # three micro-batches of the nine rows
     off = policy.disable_adapter() if adapter == "off" else nullcontext()
-    logp = no_grad_logprobs(module, rollout, reference=adapter == "off")  # [N, C]
+    logp = logprobs.no_grad(rollout, reference=adapter == "off")  # [N, C]
     with torch.no_grad(), off:
         policy.eval()
         expected = plain_logprobs(policy, rollout)
@@ -298,7 +294,7 @@ def test_training_logprob_paths_equal_a_plain_forward_with_its_gradient(
     policy.train()
     weights = torch.linspace(0.5, 1.5, rollout.completion_mask.shape[1])  # [C]: a loss that weighs every position
     lora = [p for p in policy.parameters() if p.requires_grad]
-    logp, _ = completion_logprobs(trainer_view(chunk, share), policy, rollout)  # [N, C]
+    logp, _ = trainer_view(chunk, share)(policy, rollout)  # [N, C]
     (logp * rollout.completion_mask * weights).sum().backward()
     grad = torch.cat([p.grad.reshape(-1) for p in lora])
     policy.zero_grad()

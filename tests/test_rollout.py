@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -56,12 +58,19 @@ def test_minibatches_cover_every_row_once_and_replay_with_seed():
 
 
 def test_optional_fields_and_to():
-    batch = _batch()
-    batch.old_logp = None
-    batch.ref_logp = None
+    batch = dataclasses.replace(_batch(), old_logp=None, ref_logp=None)
     moved = batch.to("cpu").select(torch.tensor([0]))
     assert moved.old_logp is None and moved.ref_logp is None
     assert moved.texts == ["completion 0"]
+
+
+def test_a_built_rollout_is_immutable():
+    # The rollout callback builds it complete; the update keeps what it derives in its own state.
+    batch = _batch()
+    for name, value in [("old_logp", None), ("advantages", torch.zeros(4)), ("completion_mask", None)]:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(batch, name, value)
+    assert batch.old_logp is not None and batch.advantages.tolist() != [0.0] * 4
 
 
 def test_misaligned_fields_are_rejected():
@@ -79,7 +88,7 @@ def test_misaligned_fields_are_rejected():
 
 def test_frac_zero_std_groups_counts_settled_groups_with_real_reward_values():
     from llm_pg.callbacks.rollout import rollout_metrics
-    from llm_pg.core.losses import group_advantages
+    from llm_pg.core.advantages import group_advantages
     from llm_pg.data.tasks.base import Score
 
     # Three groups of 6: settled at 1.3 but one reward an ulp above the others (the same total summed in

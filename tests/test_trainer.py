@@ -10,8 +10,7 @@ from conftest import fit
 from test_logprobs import alone_logprobs
 from transformers import AutoModelForCausalLM
 
-from llm_pg.core.losses import grpo_loss
-from llm_pg.modules import GRPOModule
+from llm_pg.core.objectives import Objective, grpo_loss
 
 DIGITS = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
 
@@ -76,13 +75,13 @@ def test_first_grpo_micro_batch_has_ratio_one(tmp_path, random_model_dir, monkey
     # One pass, one micro-batch of all 8 rows, sampled at T 0.8 and scored at logprob_temperature 1.0. pi_old is
     # recomputed here another way (each row alone, unpadded, from the initial weights): rho = 1, nothing clipped.
     calls = []
-    original_loss = GRPOModule.loss
+    original_loss = Objective.__call__
 
-    def recording_loss(self, logp, rollout, *rest):
-        calls.append((logp.detach().clone(), rollout))
-        return original_loss(self, logp, rollout, *rest)
+    def recording_loss(self, logp, entropy, micro):
+        calls.append((logp.detach().clone(), micro.rows))
+        return original_loss(self, logp, entropy, micro)
 
-    monkeypatch.setattr(GRPOModule, "loss", recording_loss)
+    monkeypatch.setattr(Objective, "__call__", recording_loss)
     cli = fit(
         tmp_path,
         random_model_dir,

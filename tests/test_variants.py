@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM
 import llm_pg.modules.update as update
 from llm_pg.callbacks.rollout import apply_variants
 from llm_pg.callbacks.sharded_eval import pass_at_k
-from llm_pg.core.losses import group_advantages
+from llm_pg.core.advantages import group_advantages, unsettled_rows
+from llm_pg.core.objectives import Objective
 from llm_pg.core.rollout import RolloutBatch, concat_rollouts
-from llm_pg.core.variants import unsettled_rows
 from llm_pg.data.tasks.base import Example, Score, Task
 from llm_pg.modules import GRPOModule, ReinforceModule, logprobs
 
@@ -68,15 +68,16 @@ def _weights(module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.policy.named_parameters()}
 
 
-def _record_losses(monkeypatch, module_class) -> list[RolloutBatch]:
+def _record_losses(monkeypatch) -> list[RolloutBatch]:
+    """The rows of every micro-batch an objective sees."""
     seen = []
-    original = module_class.loss
+    original = Objective.__call__
 
-    def recording(self, logp, rollout, *rest):
-        seen.append(rollout)
-        return original(self, logp, rollout, *rest)
+    def recording(self, logp, entropy, micro):
+        seen.append(micro.rows)
+        return original(self, logp, entropy, micro)
 
-    monkeypatch.setattr(module_class, "loss", recording)
+    monkeypatch.setattr(Objective, "__call__", recording)
     return seen
 
 
@@ -101,7 +102,7 @@ def test_filter_changes_nothing_when_no_group_is_settled(tmp_path, random_model_
 
 
 def test_filter_drops_settled_groups_from_the_update(tmp_path, random_model_dir, monkeypatch):
-    seen = _record_losses(monkeypatch, GRPOModule)
+    seen = _record_losses(monkeypatch)
     fit(tmp_path, random_model_dir, "--model.init_args.iterations=3", "--model.init_args.filter_zero_std_groups=true",
         *VARIED, "--data.task.init_args.settle=even", "--model.init_args.kl_coef=0")  # fmt: skip
     rows = _train_rows(tmp_path / "run")
@@ -220,7 +221,7 @@ def test_concatenated_rounds_pad_prompts_left_and_completions_right():
 
 
 def test_mask_truncated_zeroes_the_rows_without_eos(tmp_path, eos_model_dir, monkeypatch):
-    seen = _record_losses(monkeypatch, GRPOModule)
+    seen = _record_losses(monkeypatch)
     fit(tmp_path, eos_model_dir, "--model.init_args.iterations=1", "--model.init_args.max_new_tokens=3",
         "--model.init_args.mask_truncated=true", *VARIED)  # fmt: skip
     (row,) = _train_rows(tmp_path / "run")
@@ -236,13 +237,13 @@ def test_mask_truncated_zeroes_the_rows_without_eos(tmp_path, eos_model_dir, mon
 
 def _count_old_passes(monkeypatch) -> list[bool]:
     calls = []
-    original = logprobs.no_grad_logprobs
+    original = logprobs.LogProbs.no_grad
 
-    def counting(module, rollout, reference):
+    def counting(self, rollout, reference=False):
         calls.append(reference)
-        return original(module, rollout, reference)
+        return original(self, rollout, reference)
 
-    monkeypatch.setattr(logprobs, "no_grad_logprobs", counting)
+    monkeypatch.setattr(logprobs.LogProbs, "no_grad", counting)
     return calls
 
 
@@ -291,9 +292,9 @@ def _step_gradients(monkeypatch) -> list[torch.Tensor]:
     grads = []
     original = update.clipped_step
 
-    def recording(module, optimizer):
-        grads.append(torch.cat([p.grad.reshape(-1) for p in module.policy.parameters() if p.grad is not None]))
-        return original(module, optimizer)
+    def recording(context, optimizer):
+        grads.append(torch.cat([p.grad.reshape(-1) for p in context.policy.parameters() if p.grad is not None]))
+        return original(context, optimizer)
 
     monkeypatch.setattr(update, "clipped_step", recording)
     return grads
@@ -380,7 +381,7 @@ def test_apply_variants_filter_and_mask_truncated():
 def test_trimmed_cuts_padding_columns_only():
     rollout, _ = _rollout([1.0, 0.0], [True, True])
     rollout.attention_mask[:, 4] = 0  # both completions end at their second token
-    rollout.old_logp = torch.arange(6.0).view(2, 3)
+    rollout = dataclasses.replace(rollout, old_logp=torch.arange(6.0).view(2, 3))
     trimmed = rollout.trimmed()
     assert trimmed.input_ids.shape == (2, 4) and trimmed.completion_mask.shape == (2, 2)
     assert trimmed.old_logp.tolist() == [[0.0, 1.0], [3.0, 4.0]] and trimmed.rewards is rollout.rewards
@@ -484,7 +485,7 @@ def test_reinforce_takes_the_estimator_and_aggregation_keys():
 
 
 def test_core_variant_functions_on_hand_built_tensors():
-    from llm_pg.core.variants import clipped_advantages, truncated_rows, unsettled_rows
+    from llm_pg.core.advantages import clipped_advantages, truncated_rows, unsettled_rows
 
     # Rows 0-1 hold EOS (2) somewhere, row 2 never does: only row 2 is truncated.
     ids = torch.tensor([[5, 2, 0], [2, 7, 7], [5, 6, 7]])

@@ -22,8 +22,9 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from llm_pg.callbacks.rollout import RolloutCallback
 from llm_pg.cli.fit import run_cli
+from llm_pg.core.correction import SamplerCorrection, sampler_weight
 from llm_pg.core.losses import completion_mask, token_logprobs
-from llm_pg.core.variants import SamplerCorrection, sampler_weight
+from llm_pg.data.batches import PromptBatch
 from llm_pg.data.tasks import Example, FormatCopyTask
 from llm_pg.engines import HFEngine, logprob_mismatch, tis_metrics
 from llm_pg.engines.vllm import VLLMEngine, VLLMGeneration, policy_weights, vllm_logprobs_mode
@@ -268,9 +269,9 @@ def test_lora_run_pushes_merged_weights_every_iteration(tmp_path, random_dir):
 
 
 def _rollout(module, task, examples):
-    batch = {"index": 0, "examples": examples}
+    batch = PromptBatch(0, examples)
     RolloutCallback().on_train_batch_start(stand_in_trainer(task, examples), module, batch, 0)
-    return batch["rollout"].rows
+    return batch.rollout.rows
 
 
 def test_rollout_batch_from_vllm_has_hfs_shapes_and_masks():

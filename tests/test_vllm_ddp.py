@@ -49,9 +49,9 @@ class RolloutRecorder(Callback):
     weights vLLM sampled with (a no-grad pass of the policy; the update's own pi_old lives on a copy)."""
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-        out = Path(trainer.default_root_dir) / "rollouts" / f"iter{batch['index']}_rank{trainer.global_rank}.pt"
+        out = Path(trainer.default_root_dir) / "rollouts" / f"iter{batch.index}_rank{trainer.global_rank}.pt"
         out.parent.mkdir(parents=True, exist_ok=True)
-        rollout = batch["rollout"].rows
+        rollout = batch.rollout.rows
         trainer_logp = module.old_logprobs(rollout)  # [N, C]
         torch.save({"rollout": rollout.to("cpu"), "trainer_logp": trainer_logp.cpu()}, out)
 

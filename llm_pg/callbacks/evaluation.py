@@ -13,7 +13,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 
-from llm_pg.callbacks.sharded_eval import Evaluation, evaluate
+from llm_pg.callbacks.sharded_eval import EvalContext, Evaluation, evaluate
 from llm_pg.data.tasks.base import Example
 from llm_pg.models.parallel import unsharded
 from llm_pg.runs.directory import run_dir
@@ -40,6 +40,10 @@ class EvalCallback(Callback):
 
     def __init__(self) -> None:
         self.last_evaluated: int | None = None
+        self.context: EvalContext | None = None  # the fit's, built at its first evaluation
+
+    def on_fit_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.context = None  # a context is one fit's
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if module.iteration == 0:
@@ -58,8 +62,10 @@ class EvalCallback(Callback):
         self.last_evaluated = module.iteration
         task = trainer.datamodule.task
         start = time.perf_counter()
+        if self.context is None:
+            self.context = module.eval_context(trainer.datamodule)
         with unsharded(module.policy):  # FSDP2: one gather for the whole evaluation, whatever a rank's batch count
-            evaluation = evaluate(module, task, task.eval_examples)  # every rank: it gathers
+            evaluation = evaluate(self.context, module.engine, task.eval_examples, module.iteration)  # it gathers
         module.latest_eval = metrics = evaluation.metrics
         if not trainer.is_global_zero:
             return

@@ -76,7 +76,7 @@ class GenerationsCallback(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx) -> None:
         hp = module.hparams
         iteration = module.iteration  # 1-based: the iteration that sampled this batch, the `step` it is logged at
-        scored = batch["rollout"]  # a ScoredRollout
+        scored = batch.rollout  # the RolloutCallback's ScoredRollout
         due = hp.log_generations_every > 0 and (iteration - 1) % hp.log_generations_every == 0  # 1, 1 + every, ...
         if not due or not len(scored.rows):
             return

@@ -1,40 +1,83 @@
-"""RolloutCallback: samples, scores and packs one rollout before each training step, handed over as a
-`ScoredRollout` (the `RolloutBatch`, its scores and its metrics) under the batch's `"rollout"` key."""
+"""RolloutCallback: samples, scores and builds one rollout before each training step, handed over as a
+`ScoredRollout` (the `RolloutBatch`, its scores and its metrics) on the batch (`PromptBatch.rollout`).
+
+What every rollout of a fit needs is one `RolloutContext`, built once by the module
+(`PolicyGradientModule.rollout_context`): the sampler, the sampling settings, the rollout-side variants, the ranks,
+and which no-grad log-prob passes run. The `RolloutBatch` is built complete here (advantages, masks, pi_ref and,
+where a no-grad pass makes it, pi_old) and is immutable afterwards.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from llm_pg.core.losses import completion_mask, overlong_penalty, settled_groups
+from llm_pg.core.advantages import clipped_advantages, overlong_penalty, settled_groups, truncated_rows, unsettled_rows
+from llm_pg.core.losses import completion_mask
 from llm_pg.core.rollout import RolloutBatch, concat_rollouts, derive_seed
-from llm_pg.core.variants import clipped_advantages, truncated_rows, unsettled_rows
-from llm_pg.data.tasks.base import Example, Score, Task
-from llm_pg.engines.episodes import EpisodeGeneration, episode_sums, generate_for
+from llm_pg.data.batches import PromptBatch, ScoredRollout
+from llm_pg.data.tasks.base import Example, Score
+from llm_pg.engines.episodes import EpisodeGeneration, Sampler, episode_sums
 from llm_pg.engines.vllm import VLLMGeneration
-from llm_pg.models.generation import PromptTooLong, eos_token_ids
-from llm_pg.runs.guards import RunStopped, prompt_stop, scorer_of, scores_or_stop, stop_together
+from llm_pg.models.generation import PromptTooLong, Sampling
+from llm_pg.runs.guards import Ranks, RunStopped, prompt_stop, scores_or_stop, stop_together
 
 
-@dataclass
-class ScoredRollout:
-    """One iteration's rollout as `training_step` receives it: the rows the update trains on (`rows`, after the
-    rollout-side variants), the task's score of each of them (`scores`, same order), the rollout's metrics
-    (`metrics`: `train/reward...`, lengths, the variants' counts, `time/rollout`), logged with the update's, the
-    prompts sampled (`examples`, indexed by `rows.prompt_index`; several batches with dynamic sampling's refill) and
-    the last stream batch they came from (`last_batch`: the data module's position is `last_batch + 1` once the
-    iteration is done)."""
+@dataclass(frozen=True)
+class Variants:
+    """The rollout-side options (docs/algorithms.md, "Variants"), applied in this order by `apply_variants`: drop
+    settled groups (`filter_zero_std_groups`, DAPO's dynamic sampling; `max_sampling_rounds` > 1 refills), the
+    advantage estimator over groups of `group_size` clipped to +-`adv_clip`, and the truncated rows masked
+    (`mask_truncated`); `overlong_buffer` > 0 adds DAPO's soft overlong punishment to every reward first."""
 
-    rows: RolloutBatch
-    scores: list[Score]
-    metrics: dict[str, float] = field(default_factory=dict)
-    examples: list[Example] = field(default_factory=list)
-    last_batch: int = 0
+    group_size: int
+    advantage: str = "grpo"
+    adv_clip: float = 5.0
+    filter_zero_std_groups: bool = False
+    max_sampling_rounds: int = 1
+    mask_truncated: bool = False
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """What every rollout of a fit needs, built once by the module (`PolicyGradientModule.rollout_context`).
+
+    Args:
+        sampler: prompts to completions (`llm_pg.engines.episodes.Sampler`), and the task's scorer.
+        sampling: the rollout's sampling settings.
+        variants: the rollout-side options.
+        prompts_per_step: prompts per iteration on this rank.
+        seed: the run's seed; with the iteration and `rank` it seeds each sampling round.
+        rank: this process's global rank.
+        ranks: the ranks a failure must stop together.
+        pad: the pad id (`llm_pg.models.generation.pad_token_id`).
+        pi_old: the no-grad pass of the policy that makes pi_old (`LogProbs.no_grad`).
+        pi_ref: the no-grad pass of the reference, or None (`kl_coef` 0).
+        old_pass: when the rollout runs `pi_old`: `always` (GRPO unless its update takes pi_old from its first
+            pass), `with_engine_logprobs` (REINFORCE: only to compare with the engine's own log-probs), or `never`.
+    """
+
+    sampler: Sampler
+    sampling: Sampling
+    variants: Variants
+    prompts_per_step: int
+    seed: int
+    rank: int
+    ranks: Ranks
+    pad: int
+    pi_old: Callable[[RolloutBatch], Tensor]
+    pi_ref: Callable[[RolloutBatch], Tensor] | None = None
+    old_pass: Literal["always", "with_engine_logprobs", "never"] = "never"
 
 
 def with_component(scores: list[Score], name: str, values: list[float]) -> list[Score]:
@@ -50,18 +93,18 @@ def reduced(trainer: L.Trainer, value: int, op: str) -> int:
 
 
 class RolloutCallback(Callback):
-    """Samples and scores one rollout before each training step and attaches it as `batch["rollout"]`, a
-    `ScoredRollout`.
+    """Samples, scores and builds one rollout before each training step and attaches it to the batch
+    (`PromptBatch.rollout`, a `ScoredRollout`).
 
-    For the `n` prompts of the data stream's next batch (`PromptGroupDataModule.prompt_batch` at its position: the
-    dataloader only paces the loop) it samples `group_size` completions each with the current policy through the
-    module's rollout engine (`module.engine`: HF generate in eval mode, no grad, KV cache, or vLLM; seeded from
-    `(seed, iteration, rank)`), and scores them with the task. With `filter_zero_std_groups` and
-    `max_sampling_rounds` > 1 (DAPO's dynamic sampling with refill), while fewer than `n` groups have reward spread
-    it samples the stream's following batch too (round `k` seeded from `(seed, iteration, rank, k)`), up to
-    `max_sampling_rounds` batches; the update then keeps the first `n` groups with spread. Under DDP every rank runs
-    as many rounds as the rank that needs the most, and every rank keeps the same number of groups: the fewest any
-    rank has (a rank with more leaves its extra groups out), so the ranks make the same gradient all-reduces.
+    For the `n` prompts of the dataloader's batch (the data stream's batch at its position) it samples `group_size`
+    completions each with the current policy through the module's rollout engine (`module.engine`: HF generate in
+    eval mode, no grad, KV cache, or vLLM; seeded from `(seed, iteration, rank)`), and scores them with the task.
+    With `filter_zero_std_groups` and `max_sampling_rounds` > 1 (DAPO's dynamic sampling with refill), while fewer
+    than `n` groups have reward spread it samples the stream's following batch too (round `k` seeded from `(seed,
+    iteration, rank, k)`), up to `max_sampling_rounds` batches; the update then keeps the first `n` groups with
+    spread. Under DDP every rank runs as many rounds as the rank that needs the most, and every rank keeps the same
+    number of groups: the fewest any rank has (a rank with more leaves its extra groups out), so the ranks make the
+    same gradient all-reduces.
 
     Then it applies the rollout-side variants (`apply_variants`: group filtering, the advantage estimator and its
     clip, masking of truncated rows), and computes pi_old log-probs (GRPO, unless the first training pass provides
@@ -71,47 +114,53 @@ class RolloutCallback(Callback):
     (`old_logp`, unused by its loss) so that `llm_pg.engines.logprob_mismatch` has the trainer's side to compare with.
     """
 
-    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: dict, batch_idx: int) -> None:
+    def __init__(self) -> None:
+        self.context: RolloutContext | None = None  # the fit's, built at its first rollout
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, module: L.LightningModule, batch: PromptBatch, batch_idx: int
+    ) -> None:
         start = time.perf_counter()
-        hp = module.hparams
+        if self.context is None:
+            self.context = module.rollout_context(trainer.datamodule)
+        context, variants = self.context, self.context.variants
+        engine, iteration = module.engine, module.iteration  # the engine holds this iteration's weights
         datamodule = trainer.datamodule
-        eos = eos_token_ids(module.policy, module.tokenizer)
         first = datamodule.next_batch  # the stream's first unused batch
-        refill = hp.filter_zero_std_groups and hp.max_sampling_rounds > 1
+        refill = variants.filter_zero_std_groups and variants.max_sampling_rounds > 1
         parts: list[RolloutBatch] = []
         scores: list[Score] = []
         examples: list[Example] = []
         sampling_seconds, spread = 0.0, 0
-        for round_ in range(1, hp.max_sampling_rounds + 1):
-            drawn = datamodule.prompt_batch(first + round_ - 1)
-            seed = derive_seed(
-                hp.seed, module.iteration, trainer.global_rank, "sample", *([round_] if round_ > 1 else [])
-            )
-            part, part_scores, seconds = sample_round(module, datamodule.task, drawn, seed, eos, len(examples))
+        for round_ in range(1, variants.max_sampling_rounds + 1):
+            position = first + round_ - 1
+            drawn = batch.examples if batch.index == position else datamodule.prompt_batch(position).examples
+            seed = derive_seed(context.seed, iteration, context.rank, "sample", *([round_] if round_ > 1 else []))
+            part, part_scores, seconds = sample_round(context, engine, drawn, seed, len(examples), iteration + 1)
             parts.append(part)
             scores += part_scores
             examples += drawn
             sampling_seconds += seconds
-            spread += int((~settled_groups(part.rewards, hp.group_size)).sum())
-            if not refill or not reduced(trainer, int(spread < hp.prompts_per_step), "max"):
+            spread += int((~settled_groups(part.rewards, variants.group_size)).sum())
+            if not refill or not reduced(trainer, int(spread < context.prompts_per_step), "max"):
                 break
-        pad = module.tokenizer.pad_token_id if module.tokenizer.pad_token_id is not None else eos[0]
-        rollout = concat_rollouts(parts, pad)
-        metrics = rollout_metrics(rollout, scores, hp.group_size, eos, sampling_seconds)
-        kept = reduced(trainer, min(spread, hp.prompts_per_step), "min") if hp.filter_zero_std_groups else None
-        rollout, scores, variant_metrics = apply_variants(rollout, scores, hp, eos, kept)
-        if hp.filter_zero_std_groups:
+        rollout = concat_rollouts(parts, context.pad)
+        eos = context.sampler.eos
+        metrics = rollout_metrics(rollout, scores, variants.group_size, eos, sampling_seconds)
+        kept = None
+        if variants.filter_zero_std_groups:
+            kept = reduced(trainer, min(spread, context.prompts_per_step), "min")
+        rollout, scores, variant_metrics = apply_variants(rollout, scores, variants, eos, kept)
+        if variants.filter_zero_std_groups:
             variant_metrics["train/sampling_rounds"] = float(len(parts))
             variant_metrics["train/prompts_drawn"] = float(len(examples))
             variant_metrics["train/groups_kept"] = float(kept)
-        if len(rollout) and module.needs_pi_old and not module.pi_old_from_first_pass:
-            rollout.old_logp = module.old_logprobs(rollout)
-        elif len(rollout) and not module.needs_pi_old and rollout.sampled_logp is not None:
-            rollout.old_logp = module.old_logprobs(rollout)  # REINFORCE: for the mismatch only
-        if len(rollout) and hp.kl_coef > 0:
-            rollout.ref_logp = module.reference_logprobs(rollout)
+        rollout = with_logprobs(context, rollout)
         metrics |= variant_metrics | {"time/rollout": time.perf_counter() - start}
-        batch["rollout"] = ScoredRollout(rollout, scores, metrics, examples, first + len(parts) - 1)
+        batch.rollout = ScoredRollout(rollout, scores, metrics, examples, first + len(parts) - 1)
+
+    def on_fit_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.context = None  # a context is one fit's
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if module.device.type == "cuda":
@@ -129,44 +178,53 @@ class RolloutCallback(Callback):
         torch.cuda.reset_peak_memory_stats(module.device)
 
 
+def with_logprobs(context: RolloutContext, rollout: RolloutBatch) -> RolloutBatch:
+    """`rollout` with the no-grad log-probs the context asks for: pi_old (`old_pass`) and pi_ref (`pi_ref`)."""
+    if not len(rollout):
+        return rollout
+    old = context.old_pass == "always" or (
+        context.old_pass == "with_engine_logprobs" and rollout.sampled_logp is not None
+    )
+    old_logp = context.pi_old(rollout) if old else None
+    ref_logp = context.pi_ref(rollout) if context.pi_ref is not None else None
+    return dataclasses.replace(rollout, old_logp=old_logp, ref_logp=ref_logp)
+
+
 def sample_round(
-    module: L.LightningModule, task: Task, examples: list[Example], seed: int, eos: list[int], first_prompt: int
+    context: RolloutContext, engine, examples: list[Example], seed: int, first_prompt: int, iteration: int
 ) -> tuple[RolloutBatch, list[Score], float]:
-    """`group_size` completions of each of `examples`, sampled with `seed` and scored (finite rewards, or the run
-    stops, naming the row; plus the overlong punishment when `overlong_buffer` > 0): the `RolloutBatch` (advantages
-    still 0; prompts numbered from `first_prompt`), the scores, and the seconds the generation alone took."""
-    hp = module.hparams
+    """`group_size` completions of each of `examples`, sampled by `engine` with `seed` and scored (finite rewards,
+    or the run stops, naming the row; plus the overlong punishment when `overlong_buffer` > 0) in `iteration`
+    (1-based): the `RolloutBatch` (no advantages yet; prompts numbered from `first_prompt`), the scores, and the
+    seconds the generation alone took."""
+    variants = context.variants
     start = time.perf_counter()
-    where = f"iteration {module.iteration_in_progress}'s rollout"
+    where = f"iteration {iteration}'s rollout"
     failure = None
     try:
-        sample = generate_for(
-            module,
-            task,
-            examples,
-            module.sampling(),
-            num_samples=hp.group_size,
-            seed=seed,
-            where=where,
+        sample = context.sampler(
+            engine, examples, context.sampling, num_samples=variants.group_size, seed=seed, where=where
         )
     except PromptTooLong as error:
         failure = prompt_stop(error, examples, where)
     except RunStopped as stop:  # a tool of a tool task failed
         failure = stop
-    stop_together(module, failure, where)  # under DDP the other ranks stop too, instead of waiting in a collective
+    stop_together(context.ranks, failure, where)  # under DDP the other ranks stop too, instead of waiting
     seconds = time.perf_counter() - start
-    local_index = [i // hp.group_size for i in range(len(sample.texts))]
+    local_index = [i // variants.group_size for i in range(len(sample.texts))]
     rows = [examples[i] for i in local_index]
-    scores = scores_or_stop(module, scorer_of(module, task), sample.texts, rows, module.iteration_in_progress)
+    scores = scores_or_stop(context.ranks, context.sampler.scorer, sample.texts, rows, iteration)
     episodes = isinstance(sample, EpisodeGeneration)
     if episodes:  # the masks come with the episodes: never inferred from ids
         mask, attention = sample.loss_mask, sample.attention
     else:
-        mask = completion_mask(sample.completion_ids, eos)
+        mask = completion_mask(sample.completion_ids, list(context.sampler.eos))
         attention = mask.long()
-    if hp.overlong_buffer > 0:  # DAPO's soft overlong punishment, a reward component of every task
+    if variants.overlong_buffer > 0:  # DAPO's soft overlong punishment, a reward component of every task
         lengths = attention.sum(1)  # [N] tokens up to and including EOS (an episode's: its whole region)
-        penalty = overlong_penalty(lengths, hp.max_new_tokens, hp.overlong_buffer, hp.overlong_penalty)
+        penalty = overlong_penalty(
+            lengths, context.sampling.max_new_tokens, variants.overlong_buffer, variants.overlong_penalty
+        )
         scores = with_component(scores, "overlong", penalty.tolist())
     rewards = torch.tensor([s.total for s in scores], dtype=torch.float32, device=sample.completion_ids.device)
     sampled = sample.sampled_logprobs if isinstance(sample, VLLMGeneration | EpisodeGeneration) else None
@@ -175,7 +233,6 @@ def sample_round(
         attention_mask=torch.cat([sample.prompt_mask, attention.long()], dim=1),
         completion_mask=mask,
         rewards=rewards,
-        advantages=torch.zeros_like(rewards),  # set by apply_variants, on the rows that are kept
         prompt_len=sample.prompt_ids.shape[1],
         texts=sample.texts,
         prompt_index=[first_prompt + i for i in local_index],
@@ -198,7 +255,7 @@ def row_truncated(rollout: RolloutBatch, eos: list[int]) -> Tensor:
 
 
 def apply_variants(
-    rollout: RolloutBatch, scores: list[Score], hp, eos: list[int], max_groups: int | None = None
+    rollout: RolloutBatch, scores: list[Score], variants: Variants, eos: list[int], max_groups: int | None = None
 ) -> tuple[RolloutBatch, list[Score], dict[str, float]]:
     """The rollout-side options, in order: drop settled groups (`filter_zero_std_groups`, DAPO dynamic sampling;
     then keep at most the first `max_groups`),
@@ -207,20 +264,22 @@ def apply_variants(
     scores of its rows, and metrics: `train/advantage_abs_mean` and the counts of what the options removed (only for
     options that are on)."""
     metrics: dict[str, float] = {}
-    if hp.filter_zero_std_groups:
-        keep, settled = unsettled_rows(rollout.rewards, hp.group_size, max_groups)
+    if variants.filter_zero_std_groups:
+        keep, settled = unsettled_rows(rollout.rewards, variants.group_size, max_groups)
         rollout = rollout.select(keep)
         scores = [scores[i] for i in keep.tolist()]
         metrics["train/filtered_groups"] = float(settled)
+    advantages = torch.zeros_like(rollout.rewards)
     if len(rollout):
-        rollout.advantages = clipped_advantages(rollout.rewards, hp.group_size, hp.advantage, hp.adv_clip)
+        advantages = clipped_advantages(rollout.rewards, variants.group_size, variants.advantage, variants.adv_clip)
     # Mean |A| over the rows the update sees: how much signal the rollout carries (0 when every group is settled).
-    metrics["train/advantage_abs_mean"] = rollout.advantages.abs().mean().item() if len(rollout) else 0.0
-    if hp.mask_truncated:
+    metrics["train/advantage_abs_mean"] = advantages.abs().mean().item() if len(rollout) else 0.0
+    mask = rollout.completion_mask
+    if variants.mask_truncated:
         truncated = row_truncated(rollout, eos)
-        rollout.completion_mask = rollout.completion_mask & ~truncated.unsqueeze(1)  # [N, C]
+        mask = mask & ~truncated.unsqueeze(1)  # [N, C]
         metrics["train/masked_truncated"] = float(truncated.sum())
-    return rollout, scores, metrics
+    return dataclasses.replace(rollout, advantages=advantages, completion_mask=mask), scores, metrics
 
 
 def rollout_metrics(

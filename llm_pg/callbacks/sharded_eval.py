@@ -18,14 +18,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import lightning as L
 import torch
 
-from llm_pg.core.rollout import derive_seed, rank_and_world_size
+from llm_pg.core.rollout import derive_seed
 from llm_pg.data.tasks.base import Example, Score, Task
-from llm_pg.engines.episodes import EpisodeGeneration, episode_sums, generate_for
-from llm_pg.models.generation import PromptTooLong
-from llm_pg.runs.guards import RunStopped, checked_scores, prompt_stop, scorer_of, stop_together
+from llm_pg.engines.episodes import EpisodeGeneration, Sampler, episode_sums
+from llm_pg.models.generation import PromptTooLong, Sampling
+from llm_pg.runs.guards import Ranks, RunStopped, checked_scores, prompt_stop, stop_together
 
 
 @dataclass
@@ -49,43 +48,65 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
     return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
 
 
-def prompts_per_call(module: L.LightningModule, num_prompts: int, samples: int = 1) -> int:
-    """Prompts per generate call of an evaluation: `eval_batch_size` rows (`samples` per prompt) when set; else all
-    `num_prompts` with vLLM, which schedules its own batches (one call for the whole set), and `logprob_batch_size`
-    rows with HF, whose memory grows with the rows of a call."""
-    hp = module.hparams
-    rows = hp.eval_batch_size
-    if rows is None:
-        if hp.rollout_engine == "vllm":
-            return max(num_prompts, 1)
-        rows = hp.logprob_batch_size
-    return max(1, rows // samples)
+@dataclass(frozen=True)
+class EvalContext:
+    """What every evaluation of a fit needs, built by the module (`PolicyGradientModule.eval_context`).
+
+    Args:
+        sampler: prompts to completions, and the task's scorer.
+        sampling: the evaluation's sampling settings (`eval_max_new_tokens`, `eval_temperature`); the greedy pass
+            decodes them greedily.
+        samples: `eval_samples`, completions sampled per prompt for pass@k (0: greedy only).
+        batch_rows: rows per generate call (`eval_batch_size`; None: the engine's own choice, `whole_set`).
+        whole_set: the engine schedules its own batches (vLLM): without `batch_rows`, one call for the whole set.
+        fallback_rows: rows per call otherwise (`logprob_batch_size`).
+        seed: the run's seed (pass@k's samples are seeded from it).
+        rank: this process's rank; ranks: the ranks the evaluation is sharded over.
+    """
+
+    sampler: Sampler
+    sampling: Sampling
+    samples: int = 0
+    batch_rows: int | None = None
+    whole_set: bool = False
+    fallback_rows: int = 32
+    seed: int = 0
+    rank: int = 0
+    ranks: Ranks = field(default_factory=Ranks)
+
+    def prompts_per_call(self, num_prompts: int, samples: int = 1) -> int:
+        """Prompts per generate call: `batch_rows` rows (`samples` per prompt) when set; else all `num_prompts`
+        with an engine that schedules its own batches (one call for the whole set), and `fallback_rows` rows
+        otherwise (HF, whose memory grows with the rows of a call)."""
+        rows = self.batch_rows
+        if rows is None:
+            if self.whole_set:
+                return max(num_prompts, 1)
+            rows = self.fallback_rows
+        return max(1, rows // samples)
 
 
-def _sampled_sums(module: L.LightningModule, task: Task, examples: Sequence[Example], rank: int) -> dict[str, float]:
-    """Sums over `examples` of per-prompt pass@1 and pass@k from `eval_samples` completions each (RunStopped when a
+def _sampled_sums(context: EvalContext, engine, examples: Sequence[Example], iteration: int) -> dict[str, float]:
+    """Sums over `examples` of per-prompt pass@1 and pass@k from `samples` completions each (RunStopped when a
     reward raises or is not finite)."""
-    hp = module.hparams
-    k = hp.eval_samples
-    per_call = prompts_per_call(module, len(examples), k)
+    k = context.samples
+    per_call = context.prompts_per_call(len(examples), k)
     sums = {"pass_at_1": 0.0, "pass_at_k": 0.0}
     for start in range(0, len(examples), per_call):
         batch = list(examples[start : start + per_call])
         try:
-            texts = generate_for(
-                module,
-                task,
+            texts = context.sampler(
+                engine,
                 batch,
-                module.sampling(evaluation=True),
+                context.sampling,
                 num_samples=k,
-                seed=derive_seed(hp.seed, module.iteration, rank, start, "eval_samples"),
-                where=f"the evaluation at iteration {module.iteration}",
+                seed=derive_seed(context.seed, iteration, context.rank, start, "eval_samples"),
+                where=f"the evaluation at iteration {iteration}",
             ).texts
         except PromptTooLong as error:
-            raise prompt_stop(error, batch, f"evaluation at iteration {module.iteration}") from None
-        scores = checked_scores(
-            scorer_of(module, task), texts, [e for e in batch for _ in range(k)], module.iteration, "evaluation at"
-        )
+            raise prompt_stop(error, batch, f"evaluation at iteration {iteration}") from None
+        rows = [e for e in batch for _ in range(k)]
+        scores = checked_scores(context.sampler.scorer, texts, rows, iteration, "evaluation at")
         for row in range(len(batch)):  # rows row*k .. row*k+k-1 answer this example
             correct = sum(score.correct for score in scores[row * k : (row + 1) * k])
             sums["pass_at_1"] += pass_at_k(k, correct, 1)
@@ -101,53 +122,48 @@ def task_eval_metrics(task: Task, completions: Sequence[str], examples: Sequence
     return task.eval_metrics(completions, examples)
 
 
-def _evaluate_shard(module: L.LightningModule, task: Task, examples: Sequence[Example], rank: int = 0) -> Evaluation:
+def _evaluate_shard(context: EvalContext, engine, examples: Sequence[Example], iteration: int) -> Evaluation:
     """Per-metric sums over `examples` (each batch's mean times its size), their greedy completions and scores."""
-    hp = module.hparams
+    task = context.sampler.task
     shard = Evaluation({}, [], [])
-    per_call = prompts_per_call(module, len(examples))
+    per_call = context.prompts_per_call(len(examples))
     failure = None  # a reward that raises or is not finite: the run stops, on every rank, after the loop
     try:
         for start in range(0, len(examples), per_call):
             batch = list(examples[start : start + per_call])
             try:
-                generation = generate_for(  # the rollout engine (HF or vLLM), greedy; a tool task's episodes
-                    module,
-                    task,
-                    batch,
-                    module.sampling(evaluation=True).greedy_version(),
-                    where=f"the evaluation at iteration {module.iteration}",
+                generation = context.sampler(  # the rollout engine (HF or vLLM), greedy; a tool task's episodes
+                    engine, batch, context.sampling.greedy_version(), where=f"the evaluation at iteration {iteration}"
                 )
             except PromptTooLong as error:
-                raise prompt_stop(error, batch, f"evaluation at iteration {module.iteration}") from None
+                raise prompt_stop(error, batch, f"evaluation at iteration {iteration}") from None
             texts = generation.texts
             if isinstance(generation, EpisodeGeneration):
                 shard.transcripts.extend(generation.transcripts)
                 sums = episode_sums(generation.turns, generation.tool_calls, generation.tool_errors)
                 for name, value in sums.items():
                     shard.metrics[name] = shard.metrics.get(name, 0.0) + value
-            scores = checked_scores(
-                scorer_of(module, task), texts, batch, module.iteration, "evaluation at"
-            )  # each completion once
+            scores = checked_scores(context.sampler.scorer, texts, batch, iteration, "evaluation at")  # once each
             shard.completions.extend(texts)
             shard.scores.extend(scores)
             for name, value in task_eval_metrics(task, texts, batch, scores).items():
                 shard.metrics[name] = shard.metrics.get(name, 0.0) + value * len(batch)
-        if hp.eval_samples > 0 and examples:
-            shard.metrics.update(_sampled_sums(module, task, examples, rank))
+        if context.samples > 0 and examples:
+            shard.metrics.update(_sampled_sums(context, engine, examples, iteration))
     except RunStopped as stop:
         failure = stop
-    stop_together(module, failure, f"evaluation at iteration {module.iteration}")  # ranks' shards differ in size
+    stop_together(context.ranks, failure, f"evaluation at iteration {iteration}")  # ranks' shards differ in size
     return shard
 
 
-def evaluate(module: L.LightningModule, task: Task, examples: Sequence[Example]) -> Evaluation:
-    """Greedy completions for `examples`, their scores and the task's eval metrics averaged over them.
+def evaluate(context: EvalContext, engine, examples: Sequence[Example], iteration: int) -> Evaluation:
+    """Greedy completions of `engine` for `examples`, their scores and the task's eval metrics averaged over them,
+    at `iteration` (for seeds and messages).
 
     Under DDP every rank must call this (it gathers); each decodes its slice and all return the same result.
     """
-    rank, world = rank_and_world_size(module._trainer)
-    shard = _evaluate_shard(module, task, list(examples)[rank::world], rank)
+    rank, world = context.rank, context.ranks.world_size
+    shard = _evaluate_shard(context, engine, list(examples)[rank::world], iteration)
     parts = [shard]
     if world > 1:
         parts = [None] * world

@@ -28,9 +28,12 @@ def rank_and_world_size(trainer) -> tuple[int, int]:
     return trainer.global_rank, trainer.world_size
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutBatch:
-    """Aligned per-row data of one rollout: `N = prompts * group_size` rows, group-contiguous.
+    """Aligned per-row data of one rollout: `N = prompts * group_size` rows, group-contiguous. Immutable: the rollout
+    callback builds it complete (advantages, masks, pi_ref, and pi_old where a no-grad pass makes it) and the update
+    derives what it needs in its own state (`llm_pg.modules.update.UpdateState`); `select`, `to` and `trimmed` make
+    new batches.
 
     Row `i*G + j` is completion j of prompt i. Sequences are `[prompt (left-padded to P) | completion
     (right-padded to C)]`, so every completion starts at column `prompt_len`. In a multi-turn episode (a tool task,
@@ -46,15 +49,15 @@ class RolloutBatch:
     # of its turns with its end token; observations excluded). Every loss and token statistic is over it.
     completion_mask: Tensor
     rewards: Tensor  # [N] float32
-    advantages: Tensor  # [N] float32, group-normalised and clipped
-    old_logp: Tensor | None = None  # [N, C] float32, log pi_old at `logprob_temperature` (GRPO)
+    # [N] float32, group-normalised and clipped; None only while the rollout callback builds it (before the variants)
+    advantages: Tensor | None = None
+    # [N, C] float32, log pi_old at `logprob_temperature` from a no-grad pass (GRPO; None when the update takes it from
+    # its first pass, `UpdateState.old_logp`)
+    old_logp: Tensor | None = None
     ref_logp: Tensor | None = None  # [N, C] float32, log pi_ref (only when kl_coef > 0)
     # [N, C] float32, the rollout engine's own log-prob of each sampled token (vLLM; None with HF), 0 on padding:
     # compared with the trainer's pi_old for `rollout/logprob_mismatch_*`; in the loss only through `tis_cap`
     sampled_logp: Tensor | None = None
-    # [N] float32, set by the update when its forwards group the rows otherwise than its micro-batches: the completion
-    # tokens of each row's micro-batch, over which the loss's token means are taken (`losses.token_mean_share`)
-    split_tokens: Tensor | None = None
     # Episodes only (None for single-turn rollouts, whose rows end at their first EOS): [N] bool, the last turn ran
     # out of tokens; [N] long model turns, tool calls run and calls answered with an error
     truncated: Tensor | None = None
@@ -157,3 +160,18 @@ def concat_rollouts(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
                 padded.append(t)
             fields[f.name] = torch.cat(padded)
     return RolloutBatch(**fields)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward of the update as its loss sees it: `rows`, a slice of the rollout cut to its longest completion
+    (`RolloutBatch.trimmed`, `[b, w]` completion fields); `old_logp` `[b, w]`, pi_old of those rows (the rollout's,
+    or the update's own first pass: `llm_pg.modules.update.UpdateState`; None for REINFORCE without one);
+    `split_tokens` `[b]`, the completion tokens of the micro-batch each row belongs to in the update's shuffled split
+    when the forwards group rows otherwise (`losses.token_mean_share`; None: this forward is that micro-batch); and
+    `num_tokens`, the completion tokens of the whole optimizer step (`loss_aggregation: token_mean`; else None)."""
+
+    rows: RolloutBatch
+    old_logp: Tensor | None = None
+    split_tokens: Tensor | None = None
+    num_tokens: float | None = None

@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 
 from llm_pg.core.rollout import rank_and_world_size
+from llm_pg.data.batches import PromptBatch
 from llm_pg.data.isolation import TaskScorer
 from llm_pg.data.tasks.base import Example, Task
 
@@ -29,18 +30,17 @@ def _keep(item: Any) -> Any:
 
 
 class PromptStream(IterableDataset):
-    """Batches `{"index": k, "examples": list[Example]}` for `k = start, start + 1, ...` forever."""
+    """`PromptBatch`es `k = start, start + 1, ...` forever."""
 
     def __init__(self, task: Task, seed: int, prompts_per_step: int, start: int, rank: int, world_size: int) -> None:
         self.task, self.seed, self.prompts_per_step = task, seed, prompts_per_step
         self.start, self.rank, self.world_size = start, rank, world_size
 
-    def batch(self, k: int) -> dict[str, Any]:
+    def batch(self, k: int) -> PromptBatch:
         first = (k * self.world_size + self.rank) * self.prompts_per_step
-        examples = [self.task.train_example(first + j, self.seed) for j in range(self.prompts_per_step)]
-        return {"index": k, "examples": examples}
+        return PromptBatch(k, [self.task.train_example(first + j, self.seed) for j in range(self.prompts_per_step)])
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[PromptBatch]:
         k = self.start
         while True:
             yield self.batch(k)
@@ -134,11 +134,11 @@ class PromptGroupDataModule(L.LightningDataModule):
         rank, world_size = rank_and_world_size(self.trainer)
         return PromptStream(self.task, self.seed, self.prompts_per_step, self.next_batch, rank, world_size)
 
-    def prompt_batch(self, position: int) -> list[Example]:
-        """This rank's prompts of stream batch `position`: what the dataloader's batch `position` holds. The rollout
-        reads the stream here, at `next_batch` (and after it, for dynamic sampling's refill rounds); the dataloader's
-        batches only pace the loop."""
-        return self.train_stream().batch(position)["examples"]
+    def prompt_batch(self, position: int) -> PromptBatch:
+        """This rank's stream batch `position`, as the dataloader yields it. The rollout takes the dataloader's
+        batch; it reads the stream here only for dynamic sampling's refill rounds (the batches after it), and after
+        such rounds, when the dataloader's next batch (fetched ahead) is one the refill already used."""
+        return self.train_stream().batch(position)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_stream(), batch_size=None, num_workers=0, collate_fn=_keep)

@@ -14,7 +14,7 @@ last one is not run), `max_tool_tokens` tokens of observation content, and `max_
 region: an observation that would leave no room for a token after it is dropped, and the row ends on the model's
 end token.
 
-Single-turn tasks do not come here (`generate_for`): their rollouts are exactly those of `engine.generate`.
+Single-turn tasks do not come here (`Sampler`): their rollouts are exactly those of `engine.generate`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from llm_pg.data.isolation import TaskScorer
 from llm_pg.data.tasks.base import Example, Task
 from llm_pg.data.tasks.tools import ToolTask, model_text
 from llm_pg.models.chat import ChatObservations, TemplateError
-from llm_pg.models.generation import Generation, Sampling, context_length, encode_prompts, eos_token_ids
+from llm_pg.models.generation import Generation, Sampling, encode_prompts, pad_token_id
 from llm_pg.models.parallel import unsharded
-from llm_pg.runs.guards import RunStopped, checked_outcomes, quoted, scorer_of
+from llm_pg.runs.guards import RunStopped, checked_outcomes, quoted
 
 
 @dataclass
@@ -185,7 +185,7 @@ def _cut(tokenizer, content: str, max_tokens: int) -> str:
 def _assembled(tokenizer, eos, prompt_ids, prompt_mask, ids, loss, logps, turns, calls, errors, truncated):
     n = len(ids)
     width = max(max((len(row) for row in ids), default=0), 1)  # C
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    pad = pad_token_id(tokenizer, eos)
     completion = torch.full((n, width), pad, dtype=torch.long)
     attention = torch.zeros((n, width), dtype=torch.long)
     loss_mask = torch.zeros((n, width), dtype=torch.bool)
@@ -213,44 +213,67 @@ def _assembled(tokenizer, eos, prompt_ids, prompt_mask, ids, loss, logps, turns,
     )
 
 
-def generate_for(
-    module, task: Task, examples: Sequence[Example], sampling: Sampling, *, num_samples: int = 1, seed=None, where=""
-) -> Generation:
-    """The module's engine sampling `examples` for `task`: `engine.generate` for a single-turn task, `run_episodes`
-    for a `ToolTask` (its tools run by the data module's scorer, `scorer_of`). Rollouts and evaluations both come
-    here. Raises `PromptTooLong`, and `RunStopped` for a tool that failed."""
-    engine = module.engine
-    if not isinstance(task, ToolTask):
-        return engine.generate([task.messages(e) for e in examples], sampling, num_samples=num_samples, seed=seed)
-    context = getattr(engine, "context", None) or context_length(module.policy)
-    # FSDP2: one gather for the whole episode loop, whose number of engine calls differs between ranks
-    with unsharded(module.policy):
-        generation = run_episodes(
-            engine,
-            module.tokenizer,
-            task,
-            examples,
-            sampling,
-            num_samples=num_samples,
-            seed=seed,
-            eos=eos_token_ids(module.policy, module.tokenizer),
-            context=context,
-            tools=scorer_of(module, task),
-            where=where,
-        )
-    device = module.device
-    for name in ("prompt_ids", "prompt_mask", "completion_ids", "attention", "loss_mask", "sampled_logprobs"):
-        value = getattr(generation, name)
-        if value is not None:
-            setattr(generation, name, value.to(device))
-    return generation
+@dataclass(frozen=True)
+class Sampler:
+    """A fit's way from prompts to completions, built once by the module (`PolicyGradientModule.sampler`): `engine`
+    (`__call__`'s first argument) sampling `examples` of `task`, with `engine.generate` for a single-turn task and
+    `run_episodes` for a `ToolTask`, whose tools `scorer` runs (the data module's reward workers, or the task
+    itself). Rollouts and evaluations both come here.
+
+    Args:
+        task: the fit's task.
+        scorer: what scores completions and runs tools (`llm_pg.runs.guards.scorer_of`).
+        tokenizer: the policy's tokenizer.
+        eos: every id that ends a turn (`llm_pg.models.generation.eos_token_ids`).
+        policy: the trained model (a tool task's episode loop gathers an FSDP2-sharded one once).
+        context: the model's context in tokens, or None.
+        device: where the completions go.
+    """
+
+    task: Task
+    scorer: Task | TaskScorer
+    tokenizer: object
+    eos: tuple[int, ...]
+    policy: torch.nn.Module
+    context: int | None = None
+    device: torch.device | str = "cpu"
+
+    def __call__(
+        self, engine, examples: Sequence[Example], sampling: Sampling, *, num_samples: int = 1, seed=None, where=""
+    ) -> Generation:
+        """`num_samples` completions of each of `examples` (rows group-contiguous). Raises `PromptTooLong`, and
+        `RunStopped` for a tool that failed."""
+        task = self.task
+        if not isinstance(task, ToolTask):
+            return engine.generate([task.messages(e) for e in examples], sampling, num_samples=num_samples, seed=seed)
+        context = getattr(engine, "context", None) or self.context
+        # FSDP2: one gather for the whole episode loop, whose number of engine calls differs between ranks
+        with unsharded(self.policy):
+            generation = run_episodes(
+                engine,
+                self.tokenizer,
+                task,
+                examples,
+                sampling,
+                num_samples=num_samples,
+                seed=seed,
+                eos=list(self.eos),
+                context=context,
+                tools=self.scorer,
+                where=where,
+            )
+        for name in ("prompt_ids", "prompt_mask", "completion_ids", "attention", "loss_mask", "sampled_logprobs"):
+            value = getattr(generation, name)
+            if value is not None:
+                setattr(generation, name, value.to(self.device))
+        return generation
 
 
 __all__ = [
     "ChatObservations",
     "EpisodeGeneration",
     "RunStopped",
+    "Sampler",
     "TemplateError",
-    "generate_for",
     "run_episodes",
 ]

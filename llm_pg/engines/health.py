@@ -6,7 +6,7 @@ the trainer's weights (below 4e-6 in float32 on the CPU; bf16 kernels on a GPU: 
 above 0.1 are normal, docs/runs.md), and by more when it samples from stale or rounded weights. Truncated importance
 sampling (`tis_cap`, docs/algorithms.md) weights each token's policy-gradient term by
 `min(exp(old_logp - sampler_logp), C)`; `sampler_is_mode` chooses among four such corrections (per token or per
-sequence, truncated or masked: `llm_pg.core.losses.sampler_is_weight`). With the HF engine the sampler is the policy
+sequence, truncated or masked: `llm_pg.core.correction.sampler_is_weight`). With the HF engine the sampler is the policy
 itself: `sampler_logp = old_logp` and the weight is exactly 1.
 """
 
@@ -17,10 +17,11 @@ from collections import deque
 from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
+from llm_pg.core.correction import SamplerCorrection, sampler_logp, sampler_weight
 from llm_pg.core.losses import masked_mean
 from llm_pg.core.rollout import RolloutBatch
-from llm_pg.core.variants import SamplerCorrection, sampler_logp, sampler_weight
 
 MISMATCH_QUANTILE = 0.99
 TREND_WINDOW = 20  # iterations the mismatch trend looks back over
@@ -28,13 +29,14 @@ TREND_FACTOR = 2.0  # newer half's mean over the older half's that counts as a r
 TREND_FLOOR = 1e-3  # a newer-half mean below this never warns: float32 noise (1e-7) doubling is no drift
 
 
-def logprob_mismatch(rollout: RolloutBatch) -> dict[str, float]:
+def logprob_mismatch(rollout: RolloutBatch, old_logp: Tensor | None = None) -> dict[str, float]:
     """`rollout/logprob_mismatch_{mean,p99,max}`: `|sampled_logp - old_logp|` over completion tokens (the token
     mean, the 99th percentile and the max), where the engine reported its own log-probs and pi_old is known (after
-    the update, when it comes from the first pass). Empty otherwise (HF)."""
-    if rollout.sampled_logp is None or rollout.old_logp is None or not rollout.completion_mask.any():
+    the update, when it comes from the first pass: `old_logp`, default `rollout.old_logp`). Empty otherwise (HF)."""
+    old_logp = rollout.old_logp if old_logp is None else old_logp
+    if rollout.sampled_logp is None or old_logp is None or not rollout.completion_mask.any():
         return {}
-    gap = (rollout.sampled_logp.to(rollout.old_logp.device) - rollout.old_logp).abs()  # [N, C]
+    gap = (rollout.sampled_logp.to(old_logp.device) - old_logp).abs()  # [N, C]
     tokens = gap[rollout.completion_mask].float()  # [T]
     return {
         "rollout/logprob_mismatch_mean": masked_mean(gap, rollout.completion_mask).item(),
@@ -43,16 +45,19 @@ def logprob_mismatch(rollout: RolloutBatch) -> dict[str, float]:
     }
 
 
-def tis_metrics(rollout: RolloutBatch, correction: SamplerCorrection | None) -> dict[str, float]:
+def tis_metrics(
+    rollout: RolloutBatch, correction: SamplerCorrection | None, old_logp: Tensor | None = None
+) -> dict[str, float]:
     """With a correction against the sampler and pi_old known: `rollout/tis_weight_mean`, the mean weight (over
     completion tokens in the token modes, over completions in the sequence modes), and the share of those tokens or
     completions whose weight a bound changed: `rollout/tis_clipped_frac` (truncate modes) or `rollout/tis_masked_frac`
-    (mask modes: the weight is 0)."""
-    weight = sampler_weight(rollout, correction)
+    (mask modes: the weight is 0). `old_logp`: pi_old, default `rollout.old_logp`."""
+    old_logp = rollout.old_logp if old_logp is None else old_logp
+    weight = sampler_weight(rollout, correction, old_logp)
     if weight is None or not rollout.completion_mask.any():
         return {}
     mask = rollout.completion_mask
-    diff = (rollout.old_logp - sampler_logp(rollout)) * mask  # [N, C]
+    diff = (old_logp - sampler_logp(rollout, old_logp)) * mask  # [N, C]
     if correction.mode.startswith("sequence"):
         diff, mask = diff.sum(-1, keepdim=True), mask.any(-1, keepdim=True)  # [N, 1]
     outside = diff > math.log(correction.high)
@@ -106,8 +111,9 @@ class SamplerHealth:
         self.warn = warn
         self.trend = MismatchTrend()
 
-    def __call__(self, rollout: RolloutBatch) -> dict[str, float]:
-        metrics = {**logprob_mismatch(rollout), **tis_metrics(rollout, self.correction)}
+    def __call__(self, rollout: RolloutBatch, old_logp: Tensor | None = None) -> dict[str, float]:
+        """The figures of `rollout` against pi_old (`old_logp`, the update's; default `rollout.old_logp`)."""
+        metrics = {**logprob_mismatch(rollout, old_logp), **tis_metrics(rollout, self.correction, old_logp)}
         message = self.trend.update(metrics.get("rollout/logprob_mismatch_mean"))
         if message:
             self.warn(message)

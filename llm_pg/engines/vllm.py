@@ -49,7 +49,14 @@ from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 from llm_pg.core.rollout import derive_seed
 from llm_pg.engines.vllm_log import route_vllm_log
 from llm_pg.engines.vllm_weights import AdapterPush, policy_weights, repack_tied_lm_head, vllm_max_lora_rank
-from llm_pg.models.generation import Conversation, Generation, Sampling, encode_prompts, rows_past_tokenizer
+from llm_pg.models.generation import (
+    Conversation,
+    Generation,
+    Sampling,
+    encode_prompts,
+    pad_token_id,
+    rows_past_tokenizer,
+)
 from llm_pg.models.loading import resolve_model_path
 
 __all__ = [
@@ -222,7 +229,7 @@ class VLLMEngine:
     @property
     def pad(self) -> int:
         """The id after each completion's EOS: the tokenizer's pad token, else the first EOS id (as HF generate)."""
-        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos[0]
+        return pad_token_id(self.tokenizer, self.eos)
 
     def describe(self) -> str:
         """One line for the terminal at start: the engine, its dtype, its memory and how weights reach it."""

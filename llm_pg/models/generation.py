@@ -55,6 +55,12 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     return configured_eos_ids(model.generation_config, tokenizer)
 
 
+def pad_token_id(tokenizer: PreTrainedTokenizerBase, eos: Sequence[int]) -> int:
+    """The id that pads prompts and completions: the tokenizer's pad token, else the first EOS id (`eos`, as
+    `eos_token_ids` gives them). Pad positions are always masked, so the choice never reaches a log-prob."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+
+
 def configured_eos_ids(generation_config, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The EOS ids of a generation config (one id, a list, or None) plus the tokenizer's, sorted."""
     configured = getattr(generation_config, "eos_token_id", None)
@@ -131,7 +137,7 @@ def encode_prompts(
     for row, ids in enumerate(encoded):
         if context is not None and len(ids) + max_new_tokens > context:
             raise PromptTooLong(row, len(ids), context, max_new_tokens)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = pad_token_id(tokenizer, [tokenizer.eos_token_id])
     return left_padded(encoded, pad)
 
 
@@ -209,7 +215,7 @@ def continue_ids(
     left-padded into one batch; nothing is re-tokenized."""
     device = next(model.parameters()).device
     eos = eos_token_ids(model, tokenizer)
-    batch = left_padded(contexts, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0])
+    batch = left_padded(contexts, pad_token_id(tokenizer, eos))
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
     out = sample_ids(model, tokenizer, ids, mask, sampling, seed, None, compiled).tolist()
     rows = []
@@ -233,7 +239,7 @@ def sample_ids(
     first EOS); `cache`: a prompt cache (`prompt_cache`) or None."""
     device = prompt_ids.device
     eos = eos_token_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    pad = pad_token_id(tokenizer, eos)
     unused = unused_token_ids(model, tokenizer)
     was_training = model.training
     model.eval()

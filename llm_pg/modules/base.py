@@ -1,9 +1,9 @@
 """PolicyGradientModule: the manual-optimization loop that ReinforceModule and GRPOModule share.
 
 One Lightning training step is one RL iteration: the RolloutCallback has already sampled and scored a rollout
-(`batch["rollout"]`, a `llm_pg.callbacks.rollout.ScoredRollout`); `training_step` runs `epochs` shuffled passes
+(`batch.rollout`, a `llm_pg.data.batches.ScoredRollout`); `training_step` runs `epochs` shuffled passes
 over it in micro-batches of `minibatch_size` rows, accumulating `grad_accum_steps` micro-batches per clipped
-optimizer step (`llm_pg/modules/update.py`). Subclasses define only `epochs` and `loss`.
+optimizer step (`llm_pg/modules/update.py`). Subclasses define only `epochs` and `objective`.
 
 Precision: `dtype` is the compute dtype. Forward passes (rollout, log-probs, training, eval) run under
 `self.autocast()`; the optimizer updates float32 master weights (full fine-tuning) or float32 LoRA
@@ -18,6 +18,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import TYPE_CHECKING
 
 import lightning as L
@@ -26,14 +27,18 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from llm_pg.callbacks import EvalCallback, GenerationsCallback
-from llm_pg.callbacks.rollout import RolloutCallback, ScoredRollout
-from llm_pg.callbacks.sharded_eval import evaluate
-from llm_pg.core.losses import Advantage, LossAggregation, SamplerIsMode, off_policy_keep
+from llm_pg.callbacks.rollout import RolloutCallback, RolloutContext, Variants
+from llm_pg.callbacks.sharded_eval import EvalContext, evaluate
+from llm_pg.core.advantages import Advantage
+from llm_pg.core.correction import SamplerCorrection, SamplerIsMode
+from llm_pg.core.losses import LossAggregation
+from llm_pg.core.objectives import Objective
 from llm_pg.core.rollout import RolloutBatch, derive_seed
 from llm_pg.core.schedule import LrSchedule, lr_factor
-from llm_pg.core.variants import SamplerCorrection, sampler_logp, sampler_weight
+from llm_pg.data.batches import PromptBatch
 from llm_pg.engines import HFEngine, SamplerHealth, build_engine
-from llm_pg.models.generation import Sampling
+from llm_pg.engines.episodes import Sampler
+from llm_pg.models.generation import Sampling, context_length, eos_token_ids, pad_token_id
 from llm_pg.models.loading import (
     LoRA,
     auto_dtype,
@@ -45,12 +50,12 @@ from llm_pg.models.loading import (
     resolve_model_path,
 )
 from llm_pg.models.parallel import full_state_dict, is_sharded, unsharded
-from llm_pg.modules import logprobs
-from llm_pg.modules.distributed import shard_for_strategy
+from llm_pg.modules.distributed import backward_sync_off, shard_for_strategy
+from llm_pg.modules.logprobs import LogProbs, prefix_sharing_in_graph
 from llm_pg.modules.settings import RolloutEngine, check_off_policy_mask, check_settings
-from llm_pg.modules.update import run_update
+from llm_pg.modules.update import UpdateContext, run_update
 from llm_pg.runs.directory import run_dir
-from llm_pg.runs.guards import DivergenceGuard, RunStopped, weights_finite
+from llm_pg.runs.guards import DivergenceGuard, Ranks, RunStopped, scorer_of, weights_finite
 
 if TYPE_CHECKING:
     from llm_pg.engines.vllm import VLLMEngine
@@ -145,14 +150,14 @@ class PolicyGradientModule(L.LightningModule, ABC):
         sampler_is_mode: the importance correction against the rollout engine's sampler, in one of four modes (null:
             off): `token_truncate` | `token_mask` (a weight `exp(old_logp - sampler_logp)` per token) or
             `sequence_truncate` | `sequence_mask` (one per completion: the product over its tokens), truncated to
-            `[sampler_is_min, sampler_is_max]` or set to 0 outside it (`llm_pg.core.losses.sampler_is_weight`; TRL's
+            `[sampler_is_min, sampler_is_max]` or set to 0 outside it (`llm_pg.core.correction.sampler_is_weight`; TRL's
             `vllm_importance_sampling_mode`). The sequence modes need `rollout_engine: vllm` (with HF the sampler is
             the policy itself). Logs `rollout/tis_weight_mean` and `rollout/tis_clipped_frac` or `tis_masked_frac`.
         sampler_is_max: the upper bound of `sampler_is_mode`'s weight (>= 1).
         sampler_is_min: its lower bound (null: none; else in (0, 1]).
         off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence masking (null: off): a completion with a
             negative advantage whose mean per-token `log pi_sampler - log pi_theta` exceeds this value leaves the
-            policy term (`llm_pg.core.losses.off_policy_keep`; TRL's `off_policy_mask_threshold`); pi_sampler is the
+            policy term (`llm_pg.core.correction.off_policy_keep`; TRL's `off_policy_mask_threshold`); pi_sampler is the
             engine's log-probs, or pi_old with HF. Logs `train/off_policy_masked_frac`.
         entropy_coef: entropy bonus: the loss subtracts `entropy_coef` times the token mean of the sampled positions'
             next-token entropy (with its gradient), logged as `train/entropy_bonus` (0: off, the course).
@@ -249,6 +254,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self._engine: HFEngine | VLLMEngine | None = None  # built on first use (`engine`)
         self._engine_iteration: int | None = None  # the iteration whose weights the engine holds
         self.sampler_health = SamplerHealth(self.sampler_correction, rank_zero_warn)  # rollout/ mismatch and TIS
+        self._logprobs: LogProbs | None = None  # built once the policy is loaded (`logprobs`)
+        self._update: UpdateContext | None = None  # built at the first update of a fit (`update_context`)
 
     @property
     def sampler_correction(self) -> SamplerCorrection | None:
@@ -260,20 +267,6 @@ class PolicyGradientModule(L.LightningModule, ABC):
         if hp.sampler_is_mode is not None:
             return SamplerCorrection(hp.sampler_is_mode, hp.sampler_is_max, hp.sampler_is_min)
         return None
-
-    def policy_weight(self, logp: Tensor, rollout: RolloutBatch) -> tuple[Tensor | None, dict[str, Tensor]]:
-        """The weights `[b, C]` or `[b, 1]` of a micro-batch's policy term (None: 1): the importance correction
-        against the sampler (`sampler_correction`) times the off-policy sequence mask (`off_policy_mask_threshold`),
-        and the mask's stat `off_policy_masked_frac` (the share of these rows it drops) when it is on."""
-        weight = sampler_weight(rollout, self.sampler_correction)
-        threshold = self.hparams.off_policy_mask_threshold
-        if threshold is None:
-            return weight, {}
-        sampler = sampler_logp(rollout)
-        sampler = logp.detach() if sampler is None else sampler
-        keep = off_policy_keep(rollout.advantages, logp, sampler, rollout.completion_mask, threshold)  # [b, 1]
-        stats = {"off_policy_masked_frac": 1.0 - keep.mean()}
-        return (keep if weight is None else weight * keep), stats
 
     @property
     def iteration_in_progress(self) -> int:
@@ -297,12 +290,10 @@ class PolicyGradientModule(L.LightningModule, ABC):
         """Whether pi_old is taken from the first pass instead of a separate no-grad pass (GRPO decides)."""
         return False
 
+    @property
     @abstractmethod
-    def loss(
-        self, logp: Tensor, rollout: RolloutBatch, num_tokens: float | None = None
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one micro-batch from its policy log-probs `[b, C]`; `num_tokens`: the step's completion
-        tokens, for `loss_aggregation: token_mean` (None otherwise)."""
+    def objective(self) -> Objective:
+        """The policy objective (`llm_pg.core.objectives`), built from this module's settings."""
 
     # ---- models ---------------------------------------------------------------------------------------
 
@@ -404,23 +395,143 @@ class PolicyGradientModule(L.LightningModule, ABC):
     def configure_callbacks(self):
         return [RolloutCallback(), EvalCallback(), GenerationsCallback()]
 
+    @property
+    def logprobs(self) -> LogProbs:
+        """How completion log-probs are computed (`llm_pg.modules.logprobs.LogProbs`): at `logprob_temperature`, in
+        the compute dtype, with `logprob_chunk_size`, `share_prompt_prefix` and `logprob_batch_size`. Built once,
+        after `configure_model`."""
+        if self._logprobs is None:
+            hp = self.hparams
+            self._logprobs = LogProbs(
+                policy=self.policy,
+                reference=self.reference,
+                lora=self.uses_lora,
+                temperature=self.logprob_temperature,
+                chunk_size=hp.logprob_chunk_size,
+                share_prefix=hp.share_prompt_prefix,
+                shared_dropout=hp.share_prompt_dropout,
+                batch_size=hp.logprob_batch_size,
+                autocast=self.autocast,
+            )
+        return self._logprobs
+
+    def objective_terms(self) -> dict:
+        """The settings every objective shares (`llm_pg.core.objectives.Objective`), from this module's keys."""
+        hp = self.hparams
+        return {
+            "kl_coef": hp.kl_coef,
+            "entropy_coef": hp.entropy_coef,
+            "aggregation": hp.loss_aggregation,
+            "max_new_tokens": hp.max_new_tokens,
+            "correction": self.sampler_correction,
+            "off_policy_threshold": hp.off_policy_mask_threshold,
+        }
+
+    @property
+    def update_context(self) -> UpdateContext:
+        """What every update of this fit needs (`llm_pg.modules.update.UpdateContext`), built at the first one."""
+        if self._update is None:
+            hp = self.hparams
+            world = self.trainer.world_size
+            sharing = prefix_sharing_in_graph(self.policy, hp.share_prompt_prefix, hp.share_prompt_dropout)
+            self._update = UpdateContext(
+                policy=self.policy,
+                logprobs=self.logprobs,
+                objective=self.objective,
+                epochs=self.epochs,
+                minibatch_size=hp.minibatch_size,
+                grad_accum_steps=hp.grad_accum_steps,
+                max_grad_norm=hp.max_grad_norm,
+                grouped=hp.share_prompt_prefix,
+                by_length=hp.group_by_length and not sharing,
+                world_size=world,
+                sharded=is_sharded(self.policy),
+                backward=self.manual_backward,
+                no_sync=partial(backward_sync_off, self.trainer) if world > 1 else nullcontext,
+            )
+        return self._update
+
+    def sampler(self, datamodule) -> Sampler:
+        """How this fit's prompts become completions (`llm_pg.engines.episodes.Sampler`): `datamodule`'s task,
+        scored by its reward workers, with the policy's tokenizer and EOS ids."""
+        task = datamodule.task
+        return Sampler(
+            task=task,
+            scorer=scorer_of(datamodule, task),
+            tokenizer=self.tokenizer,
+            eos=tuple(eos_token_ids(self.policy, self.tokenizer)),
+            policy=self.policy,
+            context=context_length(self.policy),
+            device=self.device,
+        )
+
+    @property
+    def ranks(self) -> Ranks:
+        """The data-parallel ranks a failure stops together (`llm_pg.runs.guards.stop_together`)."""
+        return Ranks(self._trainer.world_size if self._trainer is not None else 1, self.device)
+
+    def rollout_context(self, datamodule) -> RolloutContext:
+        """What every rollout of this fit needs (`llm_pg.callbacks.rollout.RolloutContext`), built once by the
+        rollout callback at the fit's first rollout."""
+        hp = self.hparams
+        sampler = self.sampler(datamodule)
+        if self.needs_pi_old:
+            old_pass = "never" if self.pi_old_from_first_pass else "always"
+        else:
+            old_pass = "with_engine_logprobs"  # REINFORCE: pi_old only to compare with the engine's log-probs
+        return RolloutContext(
+            sampler=sampler,
+            sampling=self.sampling(),
+            variants=Variants(
+                group_size=hp.group_size,
+                advantage=hp.advantage,
+                adv_clip=hp.adv_clip,
+                filter_zero_std_groups=hp.filter_zero_std_groups,
+                max_sampling_rounds=hp.max_sampling_rounds,
+                mask_truncated=hp.mask_truncated,
+                overlong_buffer=hp.overlong_buffer,
+                overlong_penalty=hp.overlong_penalty,
+            ),
+            prompts_per_step=hp.prompts_per_step,
+            seed=hp.seed,
+            rank=self.global_rank,
+            ranks=self.ranks,
+            pad=pad_token_id(self.tokenizer, sampler.eos),
+            pi_old=self.logprobs.no_grad,
+            pi_ref=partial(self.logprobs.no_grad, reference=True) if hp.kl_coef > 0 else None,
+            old_pass=old_pass,
+        )
+
+    def eval_context(self, datamodule) -> EvalContext:
+        """What every evaluation of this fit needs (`llm_pg.callbacks.sharded_eval.EvalContext`)."""
+        hp = self.hparams
+        return EvalContext(
+            sampler=self.sampler(datamodule),
+            sampling=self.sampling(evaluation=True),
+            samples=hp.eval_samples,
+            batch_rows=hp.eval_batch_size,
+            whole_set=hp.rollout_engine == "vllm",
+            fallback_rows=hp.logprob_batch_size,
+            seed=hp.seed,
+            rank=self.global_rank,
+            ranks=self.ranks,
+        )
+
     def completion_logprobs(
         self, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False, entropy_grad: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """Completion log-probs `[b, C]` at `logprob_temperature`, and optionally the token entropy `[b, C]` (with its
-        gradient: `entropy_grad`) (`llm_pg.modules.logprobs.completion_logprobs`: each distinct prompt runs once when
-        `share_prompt_prefix`)."""
-        return logprobs.completion_logprobs(self, model, rollout, with_entropy, entropy_grad)
+        """Completion log-probs `[b, C]` at `logprob_temperature`, and optionally the token entropy `[b, C]`
+        (`LogProbs.__call__`)."""
+        return self.logprobs(model, rollout, with_entropy, entropy_grad)
 
     def old_logprobs(self, rollout: RolloutBatch) -> Tensor:
-        """pi_old: log-probs `[N, C]` of the completions under the policy as it is now (before the update), no grad
-        (`logprobs.no_grad_logprobs`)."""
-        return logprobs.no_grad_logprobs(self, rollout, reference=False)
+        """pi_old: log-probs `[N, C]` of the completions under the policy as it is now (before the update), no grad."""
+        return self.logprobs.no_grad(rollout)
 
     def reference_logprobs(self, rollout: RolloutBatch) -> Tensor:
         """pi_ref: log-probs `[N, C]` under the frozen reference (the base model: LoRA's adapter switched off, or
-        the frozen copy), no grad (`logprobs.no_grad_logprobs`)."""
-        return logprobs.no_grad_logprobs(self, rollout, reference=True)
+        the frozen copy), no grad."""
+        return self.logprobs.no_grad(rollout, reference=True)
 
     # ---- optimisation ---------------------------------------------------------------------------------
 
@@ -435,8 +546,8 @@ class PolicyGradientModule(L.LightningModule, ABC):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-    def training_step(self, batch: dict, batch_idx: int) -> None:
-        scored: ScoredRollout = batch["rollout"]
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        scored = batch.rollout  # the RolloutCallback's ScoredRollout of these prompts
         rollout = scored.rows.to(self.device)
         hp = self.hparams
         scheduler = self.lr_schedulers()
@@ -445,13 +556,18 @@ class PolicyGradientModule(L.LightningModule, ABC):
         shuffle = torch.Generator().manual_seed(derive_seed(hp.seed, self.iteration, rank, "shuffle"))
         self.policy.train()
         start_time = time.perf_counter()
-        totals, grad_norms, ratio_max = run_update(self, rollout, shuffle)
+        optimizer = self.optimizers()
+        token_mean = hp.loss_aggregation == "token_mean"
+        update = run_update(self.update_context, rollout, optimizer, shuffle, token_mean)
+        self.optimizer_steps += update.steps_taken
+        self.skipped_steps += update.steps_skipped
+        grad_norms = update.grad_norms
         if not grad_norms:
             rank_zero_info(
                 f"iteration {self.iteration_in_progress}: every group was settled and filtered "
                 "(filter_zero_std_groups): no optimizer step; the iteration still counts"
             )
-        metrics = {f"train/{k}": v for k, v in totals.items()}
+        metrics = update.metrics()
         finite_norms = [g for g in grad_norms if math.isfinite(g)]
         metrics.update(
             {
@@ -462,7 +578,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
                 "time/update": time.perf_counter() - start_time,
                 "time/elapsed": time.perf_counter() - self._clock,  # training wall time, resumes included
                 **scored.metrics,
-                **self.sampler_health(rollout),  # after the update: pi_old may come from its first pass
+                **self.sampler_health(rollout, update.old_logp),  # pi_old may come from the update's first pass
             }
         )
         scheduler.step()
@@ -472,7 +588,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         if self.iteration >= hp.iterations:
             self.trainer.should_stop = True
         distributed = self.trainer.world_size > 1
-        maxima = {"train/ratio_max": ratio_max}  # the largest over ranks, not the mean
+        maxima = {"train/ratio_max": update.ratio_max}  # the largest over ranks, not the mean
         if "rollout/logprob_mismatch_max" in metrics:
             maxima["rollout/logprob_mismatch_max"] = metrics.pop("rollout/logprob_mismatch_max")
         self.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=distributed)  # means over ranks
@@ -495,9 +611,9 @@ class PolicyGradientModule(L.LightningModule, ABC):
         goes to `<run dir>/validate/eval/iter_XXXXX.jsonl` (the iteration of the checkpoint, 0 for the base model)."""
         from llm_pg.callbacks.evaluation import write_eval_rows
 
-        task = self.trainer.datamodule.task
+        context = self.eval_context(self.trainer.datamodule)
         with unsharded(self.policy):  # FSDP2: one gather, however many examples this rank decodes
-            evaluation = evaluate(self, task, batch)
+            evaluation = evaluate(context, self.engine, batch, self.iteration)
         if self.trainer.is_global_zero:
             out = run_dir(self.trainer) / "eval" / f"iter_{self.iteration:05d}.jsonl"
             write_eval_rows(out, batch, evaluation, append=batch_idx > 0)

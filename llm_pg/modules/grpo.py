@@ -28,10 +28,7 @@ unless `reuse_first_pass_logp: true` trades that exactness for one forward pass 
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from llm_pg.core.losses import PolicyLoss, RatioLevel, cispo_loss, grpo_loss
-from llm_pg.core.rollout import RolloutBatch
+from llm_pg.core.objectives import CISPO, ClippedSurrogate, Objective, PolicyLoss, RatioLevel
 from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.modules.logprobs import has_dropout
 from llm_pg.modules.settings import check_grpo_settings
@@ -84,24 +81,14 @@ class GRPOModule(PolicyGradientModule):
             return False
         return hp.reuse_first_pass_logp or not has_dropout(self.policy)
 
-    def loss(
-        self, logp: Tensor, rollout: RolloutBatch, num_tokens: float | None = None
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    @property
+    def objective(self) -> Objective:
+        """The clipped surrogate (`policy_loss: clip`; GSPO's sequence ratio with `ratio_level: sequence`) or CISPO,
+        whose weight's bound is `1 + clip_eps_high`, else `1 + clip_eps`."""
         hp = self.hparams
-        tensors = (logp, rollout.old_logp, rollout.completion_mask, rollout.advantages, rollout.ref_logp)
-        weight, weight_stats = self.policy_weight(logp, rollout)
-        shared = {
-            "kl_coef": hp.kl_coef,
-            "ratio_level": hp.ratio_level,
-            "aggregation": hp.loss_aggregation,
-            "max_new_tokens": hp.max_new_tokens,
-            "num_tokens": num_tokens,
-            "split_tokens": rollout.split_tokens,
-            "is_weight": weight,
-        }
-        if hp.policy_loss == "cispo":  # the weight's bound: 1 + clip_eps_high, else 1 + clip_eps
+        if hp.policy_loss == "cispo":
             high = hp.clip_eps if hp.clip_eps_high is None else hp.clip_eps_high
-            loss, stats = cispo_loss(*tensors, clip_eps_high=high, **shared)
-        else:
-            loss, stats = grpo_loss(*tensors, clip_eps=hp.clip_eps, clip_eps_high=hp.clip_eps_high, **shared)
-        return loss, stats | weight_stats
+            return CISPO(**self.objective_terms(), clip_eps_high=high, ratio_level=hp.ratio_level)
+        return ClippedSurrogate(
+            **self.objective_terms(), clip_eps=hp.clip_eps, clip_eps_high=hp.clip_eps_high, ratio_level=hp.ratio_level
+        )

@@ -22,7 +22,9 @@ sharing stays off there. `model.init_args.share_prompt_prefix: false` turns it o
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -196,50 +198,65 @@ def completion_hidden(
     return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
 
 
-def completion_logprobs(
-    module, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False, entropy_grad: bool = False
-):
-    """Completion log-probs `[b, C]` at the module's `logprob_temperature` T, and optionally the token entropy
-    `[b, C]`: `out[i, c] = log_softmax(logits[i, P-1+c] / T)[input_ids[i, P+c]]`, in the module's compute dtype.
+@dataclass(frozen=True)
+class LogProbs:
+    """How completion log-probs are computed in one fit, built once by the module (`PolicyGradientModule.logprobs`):
+    at `temperature` (the module's `logprob_temperature`), under `autocast` (its compute dtype), with the head in
+    chunks of `chunk_size` positions (`logprob_chunk_size`; 0: one call), each distinct prompt run once when
+    `share_prefix` (`share_prompt_prefix`, and `shared_dropout` for `share_prompt_dropout`), and no-grad passes in
+    micro-batches of `batch_size` rows (`logprob_batch_size`). `policy` is the trained model; `reference` the frozen
+    copy of full fine-tuning, or None (with LoRA pi_ref is the policy with its adapter switched off: `lora`)."""
 
-    With `logprob_chunk_size` > 0 the head and log-softmax run `logprob_chunk_size` positions at a time and are
-    recomputed in the backward (`llm_pg.core.chunked_logprobs`): no `[b, C, V]` logits tensor is held. 0 (and a model
-    sharded by FSDP2): one head call.
-    """
-    temperature = module.logprob_temperature
-    hp = module.hparams
-    chunk = hp.logprob_chunk_size
-    # Under FSDP2 the root module's forward gathers the embedding and head weights: keep the plain path there.
-    if chunk and not is_sharded(model):
-        with module.autocast():
-            hidden = completion_hidden(model, rollout, hp.share_prompt_prefix, hp.share_prompt_dropout)  # [b, C, H]
-            weight = _decoder_and_head(model)[1].weight  # [V, H]
-            targets = rollout.completion_ids
-            return chunked_target_logprobs(hidden, weight, targets, temperature, chunk, with_entropy, entropy_grad)
-    with module.autocast():
-        logits = completion_logits(model, rollout, hp.share_prompt_prefix, hp.share_prompt_dropout)  # [b, C, V]
-    logp = target_logprobs(logits, rollout.completion_ids, temperature)
-    if entropy_grad:
-        return logp, differentiable_entropy(logits, temperature)
-    return logp, token_entropy(logits, temperature) if with_entropy else None
+    policy: torch.nn.Module
+    reference: torch.nn.Module | None
+    lora: bool
+    temperature: float
+    chunk_size: int
+    share_prefix: bool
+    shared_dropout: bool
+    batch_size: int
+    autocast: Callable[[], AbstractContextManager] = nullcontext
 
+    def __call__(
+        self, model: torch.nn.Module, rollout: RolloutBatch, with_entropy: bool = False, entropy_grad: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Completion log-probs `[b, C]` at `temperature` T, and optionally the token entropy `[b, C]` (with its
+        gradient: `entropy_grad`): `out[i, c] = log_softmax(logits[i, P-1+c] / T)[input_ids[i, P+c]]`.
 
-@torch.no_grad()
-def no_grad_logprobs(module, rollout: RolloutBatch, reference: bool) -> Tensor:
-    """Log-probs `[N, C]` under pi_old (the policy now) or pi_ref, in no-grad micro-batches of
-    `logprob_batch_size` rows, each cut to its longest completion and padded back with (masked) zeros."""
-    policy = module.policy
-    model = policy if not reference else (module.reference or policy)
-    was_training = policy.training
-    policy.eval()
-    width = rollout.completion_mask.shape[1]
-    chunks = []
-    for start in range(0, len(rollout), module.hparams.logprob_batch_size):
-        rows = torch.arange(start, min(start + module.hparams.logprob_batch_size, len(rollout)))
-        part = rollout.select(rows).trimmed()
-        adapter_off = policy.disable_adapter() if reference and module.uses_lora else nullcontext()
-        with adapter_off:
-            logp = completion_logprobs(module, model, part)[0]
-        chunks.append(torch.nn.functional.pad(logp, (0, width - logp.shape[1])))
-    policy.train(was_training)
-    return torch.cat(chunks) if chunks else rollout.completion_mask.new_zeros(rollout.completion_mask.shape).float()
+        With `chunk_size` > 0 the head and log-softmax run `chunk_size` positions at a time and are recomputed in
+        the backward (`llm_pg.core.chunked_logprobs`): no `[b, C, V]` logits tensor is held. 0 (and a model sharded
+        by FSDP2, whose root forward gathers the embedding and head weights): one head call.
+        """
+        if self.chunk_size and not is_sharded(model):
+            with self.autocast():
+                hidden = completion_hidden(model, rollout, self.share_prefix, self.shared_dropout)  # [b, C, H]
+                weight = _decoder_and_head(model)[1].weight  # [V, H]
+                targets = rollout.completion_ids
+                return chunked_target_logprobs(
+                    hidden, weight, targets, self.temperature, self.chunk_size, with_entropy, entropy_grad
+                )
+        with self.autocast():
+            logits = completion_logits(model, rollout, self.share_prefix, self.shared_dropout)  # [b, C, V]
+        logp = target_logprobs(logits, rollout.completion_ids, self.temperature)
+        if entropy_grad:
+            return logp, differentiable_entropy(logits, self.temperature)
+        return logp, token_entropy(logits, self.temperature) if with_entropy else None
+
+    @torch.no_grad()
+    def no_grad(self, rollout: RolloutBatch, reference: bool = False) -> Tensor:
+        """Log-probs `[N, C]` under pi_old (the policy now, in eval mode) or pi_ref (`reference`), in no-grad
+        micro-batches of `batch_size` rows, each cut to its longest completion and padded back with (masked) zeros."""
+        policy = self.policy
+        model = self.reference if reference and self.reference is not None else policy
+        was_training = policy.training
+        policy.eval()
+        width = rollout.completion_mask.shape[1]
+        chunks = []
+        for start in range(0, len(rollout), self.batch_size):
+            rows = torch.arange(start, min(start + self.batch_size, len(rollout)))
+            part = rollout.select(rows).trimmed()
+            with policy.disable_adapter() if reference and self.lora else nullcontext():
+                logp = self(model, part)[0]
+            chunks.append(torch.nn.functional.pad(logp, (0, width - logp.shape[1])))
+        policy.train(was_training)
+        return torch.cat(chunks) if chunks else rollout.completion_mask.new_zeros(rollout.completion_mask.shape).float()

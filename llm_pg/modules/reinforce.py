@@ -18,10 +18,7 @@ default, as in the course); `sampler_is_mode` and `off_policy_mask_threshold` as
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from llm_pg.core.losses import reinforce_loss
-from llm_pg.core.rollout import RolloutBatch
+from llm_pg.core.objectives import Objective, SequenceMean
 from llm_pg.modules.base import PolicyGradientModule
 
 
@@ -35,21 +32,7 @@ class ReinforceModule(PolicyGradientModule):
     def epochs(self) -> int:
         return 1
 
-    def loss(
-        self, logp: Tensor, rollout: RolloutBatch, num_tokens: float | None = None
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        hp = self.hparams
-        weight, weight_stats = self.policy_weight(logp, rollout)
-        loss, stats = reinforce_loss(
-            logp,
-            rollout.completion_mask,
-            rollout.advantages,
-            rollout.ref_logp,
-            kl_coef=hp.kl_coef,
-            aggregation=hp.loss_aggregation,
-            max_new_tokens=hp.max_new_tokens,
-            num_tokens=num_tokens,
-            split_tokens=rollout.split_tokens,
-            is_weight=weight,
-        )
-        return loss, stats | weight_stats
+    @property
+    def objective(self) -> Objective:
+        """GR-REINFORCE's sequence-mean policy term (`llm_pg.core.objectives.SequenceMean`)."""
+        return SequenceMean(**self.objective_terms())

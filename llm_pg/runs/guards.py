@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -124,16 +125,24 @@ def _failure_text(name: str, failure: Failure, what_row: str, timeout: float) ->
     return f"task {name}'s reward worker failed while scoring {what_row}: {failure.detail}"
 
 
-def scorer_of(module, task: Task) -> Task | TaskScorer:
-    """The data module's `TaskScorer` of `task` (its reward workers) when the module is in a fit or validate that
-    has one, else `task` itself (scored in-process)."""
-    trainer = getattr(module, "_trainer", None)
-    scorer = getattr(getattr(trainer, "datamodule", None), "scorer", None)
+@dataclass(frozen=True)
+class Ranks:
+    """The data-parallel ranks a stop must reach: how many (`world_size`) and this rank's device, where the one
+    all-reduce of `stop_together` runs."""
+
+    world_size: int = 1
+    device: torch.device | str = "cpu"
+
+
+def scorer_of(datamodule, task: Task) -> Task | TaskScorer:
+    """The data module's `TaskScorer` of `task` (its reward workers) when there is one, else `task` itself (scored
+    in-process)."""
+    scorer = getattr(datamodule, "scorer", None)
     return scorer if isinstance(scorer, TaskScorer) and scorer.task is task else task
 
 
 def scores_or_stop(
-    module,
+    ranks: Ranks,
     task: Task | TaskScorer,
     texts: Sequence[str],
     examples: Sequence[Example],
@@ -144,17 +153,16 @@ def scores_or_stop(
     try:
         scores = checked_scores(task, texts, examples, iteration, where)
     except RunStopped as stop:
-        stop_together(module, stop, f"{where} iteration {iteration}")
-    stop_together(module, None, f"{where} iteration {iteration}")
+        stop_together(ranks, stop, f"{where} iteration {iteration}")
+    stop_together(ranks, None, f"{where} iteration {iteration}")
     return scores
 
 
-def stop_together(module, failure: RunStopped | None, where: str) -> None:
+def stop_together(ranks: Ranks, failure: RunStopped | None, where: str) -> None:
     """Raise `failure` here, and on every other rank too: under DDP a rank whose rows were fine learns (one
     all-reduce, which every rank makes) that another's were not, instead of waiting for it in the next collective."""
-    trainer = getattr(module, "_trainer", None)
-    if trainer is not None and trainer.world_size > 1:
-        flag = torch.tensor(float(failure is not None), device=module.device)
+    if ranks.world_size > 1:
+        flag = torch.tensor(float(failure is not None), device=ranks.device)
         torch.distributed.all_reduce(flag)
         if flag.item() and failure is None:
             failure = RunStopped(f"another rank's rewards or tools stopped the run at {where} (its line names the row)")
