@@ -22,7 +22,6 @@ import argparse
 import resource
 import time
 from contextlib import nullcontext
-from types import SimpleNamespace
 
 import torch
 
@@ -31,7 +30,7 @@ from llm_pg.core.objectives import grpo_loss
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.models.generation import Sampling, eos_token_ids, generate
 from llm_pg.models.loading import LoRA, load_policy, load_tokenizer, resolve_model_path
-from llm_pg.modules.logprobs import completion_logprobs
+from llm_pg.modules.logprobs import LogProbs
 
 MODEL = "qwen2.5-coder-1.5b-instruct"
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -41,11 +40,10 @@ def peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def view(dtype: torch.dtype):
-    """The module attributes `completion_logprobs` reads: the course's settings."""
-    hparams = SimpleNamespace(logprob_chunk_size=256, share_prompt_prefix=True, share_prompt_dropout=False)
+def view(dtype: torch.dtype) -> LogProbs:
+    """The trainer's log-prob function at the course's settings (chunked head, prefix sharing, T 1)."""
     autocast = nullcontext if dtype == torch.float32 else lambda: torch.autocast("cpu", dtype=dtype)
-    return SimpleNamespace(logprob_temperature=1.0, hparams=hparams, autocast=autocast, uses_lora=True)
+    return LogProbs(None, None, True, 1.0, 256, True, False, 32, autocast)
 
 
 def check_logprobs(policy, tokenizer, module) -> float:
@@ -68,7 +66,7 @@ def check_logprobs(policy, tokenizer, module) -> float:
     )
     worst = 0.0
     with torch.no_grad():
-        logp, _ = completion_logprobs(module, policy, rollout)
+        logp, _ = module(policy, rollout)
         for row in range(2):
             ids = rollout.input_ids[row][rollout.attention_mask[row].bool()][None]
             real = int(mask[row].sum())
@@ -124,16 +122,16 @@ def run(dtype: torch.dtype, args) -> None:
     def no_grad_pass():
         policy.eval()
         with torch.no_grad():
-            old = completion_logprobs(module, policy, batch)[0]
+            old = module(policy, batch)[0]
             with policy.disable_adapter():
-                ref = completion_logprobs(module, policy, batch)[0]
+                ref = module(policy, batch)[0]
         return old, ref
 
     print(f"one micro-batch: {args.rows} rows x ({args.prompt} prompt + {args.completion} completion) tokens, "
           f"{tokens} real")  # fmt: skip
     old, ref = phase("no-grad pi_old + pi_ref", no_grad_pass)
     policy.train()
-    logp = phase("training forward", lambda: completion_logprobs(module, policy, batch)[0])
+    logp = phase("training forward", lambda: module(policy, batch)[0])
     mask = batch.completion_mask
     loss = phase("GRPO loss", lambda: grpo_loss(logp, old, mask, batch.advantages, ref, 0.2, 0.05)[0])
     phase("backward (recomputes)", loss.backward)

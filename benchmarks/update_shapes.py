@@ -33,6 +33,7 @@ tests/test_prefix_checkpointing.py's, without dropout).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import subprocess
@@ -155,6 +156,7 @@ def run_side(side: str, args) -> dict:
     with tempfile.TemporaryDirectory() as path:
         make_model(path)
         module = build_module(path, SIDES[side], device)
+    optimizer = module.optimizers()
     rollout = make_rollout(args.rows, args.scale).to(device)
     real = int(rollout.attention_mask.sum())
     seen = count_positions(module)
@@ -166,10 +168,10 @@ def run_side(side: str, args) -> dict:
         start = time.perf_counter()
         if name == "update":
             torch.manual_seed(0)
-            run_update(module, rollout, torch.Generator().manual_seed(1))
+            run_update(module.update_context, rollout, optimizer, torch.Generator().manual_seed(1))
         else:
             logp = (module.reference_logprobs if name == "ref_logp" else module.old_logprobs)(rollout)
-            setattr(rollout, name, logp)
+            rollout = dataclasses.replace(rollout, **{name: logp})
         if device.type == "cuda":
             torch.cuda.synchronize()
         phases[name] = {

@@ -104,8 +104,8 @@ class RecordingFSDP(GRPOModule):
             setattr(torch.distributed, name, counting)
         step = update.clipped_step
 
-        def recording_step(module, optimizer):
-            norm = step(module, optimizer)
+        def recording_step(context, optimizer):
+            norm = step(context, optimizer)
             self.norms.append(norm)
             return norm
 
@@ -166,8 +166,8 @@ def replay_one_process(
     """One process over the ranks' 16 rows per iteration in one micro-batch; returns the module and step norms."""
     norms, step = [], update.clipped_step
 
-    def recording_step(module, optimizer):
-        norms.append(step(module, optimizer))
+    def recording_step(context, optimizer):
+        norms.append(step(context, optimizer))
         return norms[-1]
 
     monkeypatch.setattr(update, "clipped_step", recording_step)
