@@ -154,10 +154,12 @@ def test_loss_mask_is_exactly_the_models_tokens_for_one_to_max_turns(tiny_tokeni
     observed = [[], ["a"], ["b", "cc"], ["d", "e"]]
     for r, turns in enumerate(script):
         ids, flags = expected_layout(tiny_tokenizer, task, task.train_example(r, 0), turns, observed[r])
-        length = int(out.attention[r].sum())
+        length = int(out.completion_attention[r].sum())
         assert out.completion_ids[r, :length].tolist() == ids
-        assert out.loss_mask[r, :length].tolist() == flags
-        assert not out.loss_mask[r, length:].any() and not out.attention[r, length:].any()  # padding: neither
+        assert out.completion_mask[r, :length].tolist() == flags
+        assert (
+            not out.completion_mask[r, length:].any() and not out.completion_attention[r, length:].any()
+        )  # padding: neither
     assert out.turns.tolist() == [1, 2, 3, 3]
     assert out.tool_calls.tolist() == [0, 1, 2, 2]
     assert out.tool_errors.tolist() == [0, 0, 0, 0]
@@ -188,7 +190,8 @@ def assert_canonical(tokenizer, task, out, example, turns, observations):
             messages.append({"role": task.observation_role, "content": observations[k]})
     whole = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
     ours = (
-        out.prompt_ids[0][out.prompt_mask[0].bool()].tolist() + out.completion_ids[0][out.attention[0].bool()].tolist()
+        out.prompt_ids[0][out.prompt_mask[0].bool()].tolist()
+        + out.completion_ids[0][out.completion_attention[0].bool()].tolist()
     )
     assert whole[: len(ours)] == ours
     assert tokenizer.decode(whole[len(ours) :]).strip() == ""  # only the separator after the last end token
@@ -224,7 +227,7 @@ def test_a_non_canonical_split_is_kept_as_sampled(qwen_model_dir):
     by_character += tokenizer("<echo>1</echo>", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     out, _ = episodes(tokenizer, task, [[by_character, "done"]])
     assert out.completion_ids[0, : len(by_character)].tolist() == by_character  # never re-tokenized
-    assert out.loss_mask[0, : len(by_character)].all()
+    assert out.completion_mask[0, : len(by_character)].all()
     assert out.tool_calls.tolist() == [1]
 
 
@@ -252,11 +255,11 @@ def test_max_tool_tokens_and_the_token_budget(tiny_tokenizer):
     # model's end token, and it is not truncated.
     call = tiny_tokenizer("<echo>abc</echo>", add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
     out, _ = episodes(tiny_tokenizer, task, [["<echo>abc</echo>", "never"]], max_new_tokens=len(call) + 10)
-    assert out.completion_ids[0, : int(out.attention[0].sum())].tolist() == call
+    assert out.completion_ids[0, : int(out.completion_attention[0].sum())].tolist() == call
     assert out.turns.tolist() == [1] and out.tool_calls.tolist() == [1] and not out.truncated[0]
     # A turn cut by the budget ends the episode, truncated, on a model token.
     out, _ = episodes(tiny_tokenizer, task, [["x" * 50]], max_new_tokens=20)
-    assert out.truncated.tolist() == [True] and int(out.loss_mask[0].sum()) == 20
+    assert out.truncated.tolist() == [True] and int(out.completion_mask[0].sum()) == 20
 
 
 def test_tool_errors_are_observations_and_other_failures_stop_the_run(tiny_tokenizer):
@@ -320,7 +323,7 @@ def test_same_seed_same_transcripts_and_sampled_ids_are_the_rendered_conversatio
                 messages.append({"role": "tool", "content": task.tools["calc"](call[1])})
         rendered = tokenizer.apply_chat_template(messages, tokenize=False)
         ids = first.prompt_ids[row][first.prompt_mask[row].bool()].tolist()
-        ids += first.completion_ids[row][first.attention[row].bool()].tolist()
+        ids += first.completion_ids[row][first.completion_attention[row].bool()].tolist()
         assert tokenizer(rendered, add_special_tokens=False)["input_ids"][: len(ids)] == ids
 
 
@@ -329,11 +332,11 @@ def test_gradient_is_zero_at_tool_tokens(tiny_tokenizer):
     out, _ = episodes(tiny_tokenizer, task, [["<echo>a</echo>", "b"], ["<echo>cd</echo>", "<echo>e</echo>", "f"]])
     model = AutoModelForCausalLM.from_pretrained(TINY)
     ids = torch.cat([out.prompt_ids, out.completion_ids], 1)
-    attention = torch.cat([out.prompt_mask, out.attention], 1)
+    attention = torch.cat([out.prompt_mask, out.completion_attention], 1)
     rollout = RolloutBatch(
         ids,
         attention,
-        out.loss_mask,
+        out.completion_mask,
         torch.tensor([1.0, 0.0]),
         torch.tensor([1.0, -1.0]),
         prompt_len=out.prompt_ids.shape[1],
@@ -345,10 +348,10 @@ def test_gradient_is_zero_at_tool_tokens(tiny_tokenizer):
     logp.retain_grad()
     loss = grpo_loss(logp, logp.detach(), rollout.completion_mask, rollout.advantages)[0]
     loss.backward()
-    tool = out.attention.bool() & ~out.loss_mask
-    assert tool.any() and out.loss_mask.any()
-    assert torch.all(logp.grad[tool] == 0) and torch.all(logp.grad[~out.attention.bool()] == 0)
-    assert torch.all(logp.grad[out.loss_mask] != 0)
+    tool = out.completion_attention.bool() & ~out.completion_mask
+    assert tool.any() and out.completion_mask.any()
+    assert torch.all(logp.grad[tool] == 0) and torch.all(logp.grad[~out.completion_attention.bool()] == 0)
+    assert torch.all(logp.grad[out.completion_mask] != 0)
 
 
 @pytest.mark.slow  # spawns a reward worker (about 9 s here)

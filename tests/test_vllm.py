@@ -27,8 +27,8 @@ from llm_pg.core.losses import completion_mask, token_logprobs
 from llm_pg.data.batches import PromptBatch
 from llm_pg.data.tasks import Example, FormatCopyTask
 from llm_pg.engines import HFEngine, logprob_mismatch, tis_metrics
-from llm_pg.engines.vllm import VLLMEngine, VLLMGeneration, policy_weights, vllm_logprobs_mode
-from llm_pg.models.generation import Sampling, eos_token_ids, generate
+from llm_pg.engines.vllm import VLLMEngine, policy_weights, vllm_logprobs_mode
+from llm_pg.models.generation import Generation, Sampling, eos_token_ids, generate
 from llm_pg.models.loading import TINY_MODEL, LoRA, load_policy, load_tokenizer
 from llm_pg.modules import GRPOModule, ReinforceModule
 
@@ -57,7 +57,7 @@ def tiny_engine() -> VLLMEngine:
     return VLLMEngine(TINY_MODEL, load_tokenizer(TINY_MODEL), logprobs_mode="processed_logprobs", **SETTINGS)
 
 
-def teacher_forced(model, sample: VLLMGeneration, eos: list[int], temperature: float) -> torch.Tensor:
+def teacher_forced(model, sample: Generation, eos: list[int], temperature: float) -> torch.Tensor:
     """HF log-probs `[N, C]` of the sampled tokens, one forward over `[prompt | completion]` (the trainer's way)."""
     mask = torch.cat([sample.prompt_mask, completion_mask(sample.completion_ids, eos).long()], dim=1)
     input_ids = torch.cat([sample.prompt_ids, sample.completion_ids], dim=1)
@@ -110,11 +110,11 @@ def test_logprobs_match_hf_after_optimizer_steps(random_engine, random_dir, lora
     eos = eos_token_ids(policy, tokenizer)
     mask = completion_mask(sample.completion_ids, eos)
     trainer = teacher_forced(policy, sample, eos, temperature=1.0)  # raw_logprobs: logprob_temperature 1.0
-    assert (sample.sampled_logprobs - trainer)[mask].abs().max() < 1e-4
-    assert (sample.sampled_logprobs[~mask] == 0).all()
+    assert (sample.sampled_logp - trainer)[mask].abs().max() < 1e-4
+    assert (sample.sampled_logp[~mask] == 0).all()
     # The match has teeth: the initial weights give other log-probs for the same tokens.
     initial = teacher_forced(AutoModelForCausalLM.from_pretrained(random_dir), sample, eos, temperature=1.0)
-    assert (sample.sampled_logprobs - initial)[mask].abs().max() > 1e-2
+    assert (sample.sampled_logp - initial)[mask].abs().max() > 1e-2
     for name, param in policy.named_parameters():
         if param.requires_grad:
             assert torch.equal(param, adapter[name])  # pushing weights leaves the trained ones as they were
@@ -125,7 +125,7 @@ def test_same_seed_same_tokens_other_seed_other_tokens(random_engine):
     a = random_engine.generate(COPY[:2], sampling, num_samples=3, seed=11)
     b = random_engine.generate(COPY[:2], sampling, num_samples=3, seed=11)
     c = random_engine.generate(COPY[:2], sampling, num_samples=3, seed=12)
-    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampled_logprobs, b.sampled_logprobs)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampled_logp, b.sampled_logp)
     assert not torch.equal(a.completion_ids, c.completion_ids)
     # Rows of one group carry different per-row seeds, so a group's completions differ from each other.
     assert len({tuple(row.tolist()) for row in a.completion_ids[:3]}) == 3
@@ -142,8 +142,8 @@ def test_greedy_matches_hf_with_its_padding_and_masks(tiny_engine):
     assert tiny_engine.eos == eos == [256, 259]  # read from the checkpoint's files as from the loaded model
     lengths = completion_mask(ours.completion_ids, eos).sum(1)
     assert lengths.min() < lengths.max() <= 20  # rows end at different EOS positions: padding is exercised
-    assert (ours.sampled_logprobs[lengths.argmin(), lengths.min() :] == 0).all()
-    assert ours.sampled_logprobs.dtype == torch.float32 and ours.sampled_logprobs.shape == ours.completion_ids.shape
+    assert (ours.sampled_logp[lengths.argmin(), lengths.min() :] == 0).all()
+    assert ours.sampled_logp.dtype == torch.float32 and ours.sampled_logp.shape == ours.completion_ids.shape
 
 
 def test_pad_equal_to_eos_gives_hf_masks(tiny_engine):
@@ -168,8 +168,8 @@ def test_processed_logprobs_are_at_the_sampling_temperature(tiny_engine):
     eos = eos_token_ids(model, tiny_engine.tokenizer)
     mask = completion_mask(sample.completion_ids, eos)
     at_t = teacher_forced(model, sample, eos, temperature=0.7)
-    assert (sample.sampled_logprobs - at_t)[mask].abs().max() < 1e-4
-    assert (sample.sampled_logprobs - teacher_forced(model, sample, eos, 1.0))[mask].abs().max() > 1e-3
+    assert (sample.sampled_logp - at_t)[mask].abs().max() < 1e-4
+    assert (sample.sampled_logp - teacher_forced(model, sample, eos, 1.0))[mask].abs().max() > 1e-3
 
 
 def test_min_new_tokens_holds_back_eos(tiny_engine):
@@ -354,7 +354,7 @@ def test_lora_delta_below_bf16_resolution_reaches_vllm(coarse_dir):
         untouched = teacher_forced(policy, sample, eos, temperature=1.0)  # = the base, = a bf16 merge's weights
     moved = (trainer - untouched)[mask].abs()
     assert moved.mean() > 5e-5  # the delta moves the log-probs (measured: mean ~1e-4)
-    assert (sample.sampled_logprobs - trainer)[mask].abs().max() < moved.mean() / 20  # vLLM moved with it
+    assert (sample.sampled_logp - trainer)[mask].abs().max() < moved.mean() / 20  # vLLM moved with it
     assert engine.adapter.version == 1 and engine.adapter.request.lora_int_id == 1
     engine.load_weights(policy)  # the next iteration: a new version, the previous files gone
     assert engine.adapter.request.lora_int_id == 2 and len(list(engine.adapter.root.iterdir())) == 1
@@ -455,15 +455,15 @@ def test_tool_episodes_continue_from_ids_with_vllms_logprobs_of_the_models_token
     out, again = run(3), run(3)
     assert out.transcripts == again.transcripts and torch.equal(out.completion_ids, again.completion_ids)
     assert int(out.tool_calls.sum()) > 0  # the model called the calculator
-    tool = out.attention.bool() & ~out.loss_mask
-    assert torch.all(out.sampled_logprobs[tool] == 0) and torch.all(out.sampled_logprobs[out.loss_mask] < 0)
+    tool = out.completion_attention.bool() & ~out.completion_mask
+    assert torch.all(out.sampled_logp[tool] == 0) and torch.all(out.sampled_logp[out.completion_mask] < 0)
     ids = torch.cat([out.prompt_ids, out.completion_ids], 1)
-    mask = torch.cat([out.prompt_mask, out.attention], 1)
+    mask = torch.cat([out.prompt_mask, out.completion_attention], 1)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
     prompt_len = out.prompt_ids.shape[1]
     trainer = token_logprobs(logits[:, prompt_len - 1 :], ids[:, prompt_len - 1 :], 1.0)
-    gap = (trainer - out.sampled_logprobs).abs()[out.loss_mask]
+    gap = (trainer - out.sampled_logp).abs()[out.completion_mask]
     assert gap.max() < 1e-3, gap.max()
     run_cli(
         [

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,7 +27,7 @@ from lightning.pytorch.callbacks import Callback
 from transformers import AutoModelForCausalLM
 
 from llm_pg.data.tasks.base import Example
-from llm_pg.engines import build_engine
+from llm_pg.engines import EngineSettings, build_engine
 from llm_pg.modules import GRPOModule
 
 pytestmark = pytest.mark.vllm
@@ -163,9 +162,7 @@ def test_ddp_one_vllm_engine_per_rank(tmp_path):
 
 def test_several_ranks_under_another_strategy_are_refused(monkeypatch):
     """Only DDP gets one engine per rank; FSDP2 (also refused in `configure_model`) or any other strategy: one line."""
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
     strategy = type("FSDP2", (), {})()
-    module = SimpleNamespace(hparams=SimpleNamespace(rollout_engine="vllm"), trainer=SimpleNamespace(strategy=strategy))
+    settings = EngineSettings("unused", (0,), torch.float32, torch.device("cpu"), world_size=2, strategy=strategy)
     with pytest.raises(ValueError, match=r"^model\.rollout_engine=vllm with trainer\.strategy FSDP2: .* set trainer"):
-        build_engine(module)
+        build_engine("vllm", None, None, settings)

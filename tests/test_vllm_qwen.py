@@ -81,8 +81,8 @@ def test_vllm_samples_the_qwen_and_its_logprobs_match_the_trainers(model_dir, co
             first = int(ends[0])
             assert int(mask[row].sum()) == first + 1 and bool((sample.completion_ids[row, first + 1 :] == PAD).all())
     trainer = teacher_forced(policy, sample, eos, temperature=1.0)  # pi_old at logprob_temperature 1.0
-    gap = (sample.sampled_logprobs - trainer)[mask].abs()
-    weight = torch.exp(trainer - sample.sampled_logprobs)[mask]
+    gap = (sample.sampled_logp - trainer)[mask].abs()
+    weight = torch.exp(trainer - sample.sampled_logp)[mask]
     print(
         f"\nvLLM (raw_logprobs) vs trainer, float32, {int(mask.sum())} tokens: mean gap {gap.mean():.1e}, max "
         f"{gap.max():.1e}; mean pi_old / pi_sampler {weight.mean():.4f}"
@@ -100,7 +100,7 @@ def test_the_top_p_weight_against_the_sampled_distribution_is_the_nucleus_mass(m
     past_min = torch.arange(mask.shape[1])[None] >= SAMPLING.min_new_tokens  # the min-tokens EOS mask is off here
     kept = mask & past_min
     full = teacher_forced(policy, sample, eos, temperature=SAMPLING.temperature)  # logprob_temperature: null
-    weight = torch.exp(full - sample.sampled_logprobs)[kept]  # = the nucleus mass Z_t of each step
+    weight = torch.exp(full - sample.sampled_logp)[kept]  # = the nucleus mass Z_t of each step
     print(f"\nmean pi_old / pi_sampler at top-p {SAMPLING.top_p} (processed_logprobs), {int(kept.sum())} tokens: "
           f"{weight.mean():.4f} (min {weight.min():.4f})")  # fmt: skip
     assert float(weight.max()) < 1 + 1e-3  # a truncated, renormalized sampler never gives a token less than pi_old

@@ -57,11 +57,11 @@ def test_vllm_samples_the_real_model_and_its_logprobs_match_the_trainers(model_d
         first = int((sample.completion_ids[row] == IM_END).nonzero()[0])
         assert int(mask[row].sum()) == first + 1
     trainer = teacher_forced(policy, sample, eos, temperature=1.0)  # raw_logprobs: logprob_temperature 1.0
-    gap = (sample.sampled_logprobs - trainer)[mask].abs()
+    gap = (sample.sampled_logp - trainer)[mask].abs()
     tokens = int(mask.sum())
     print(f"vLLM vs trainer float32 log-probs, {tokens} tokens: mean gap {gap.mean():.1e}, max {gap.max():.1e}")
     assert float(gap.mean()) < MEAN_BOUND and float(gap.max()) < MAX_BOUND
     # The match has teeth: the base model (the adapter not merged) is much further from vLLM's log-probs.
     base = teacher_forced(AutoModelForCausalLM.from_pretrained(model_dir), sample, eos, temperature=1.0)
-    assert float((sample.sampled_logprobs - base)[mask].abs().mean()) > 5 * float(gap.mean())
+    assert float((sample.sampled_logp - base)[mask].abs().mean()) > 5 * float(gap.mean())
     assert len({tuple(row.tolist()) for row in sample.completion_ids}) > len(convs)  # the groups' samples differ

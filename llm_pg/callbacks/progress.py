@@ -51,22 +51,22 @@ class IterationProgressBar(RichProgressBar):
             # A resumed run starts at its checkpoint's iteration; `reset` (not `update`) so the ETA does not count
             # those iterations as done in no time.
             self.progress.reset(
-                self.train_progress_bar_id, total=self.total_train_batches, completed=self._done(module)
+                self.train_progress_bar_id,
+                total=self.total_train_batches,
+                completed=min(module.iteration, module.hparams.iterations),
             )
             self.refresh()
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         # Lightning's bar shows `batch_idx + 1`; the iteration is what counts here (the same, except after a resume).
-        super().on_train_batch_end(trainer, module, outputs, batch, self._done(module) - 1)
-
-    @staticmethod
-    def _done(module: L.LightningModule) -> int:
-        return min(module.iteration, module.hparams.iterations)
+        super().on_train_batch_end(
+            trainer, module, outputs, batch, min(module.iteration, module.hparams.iterations) - 1
+        )
 
     def get_metrics(self, trainer: L.Trainer, module: L.LightningModule) -> dict:
         metrics = super().get_metrics(trainer, module)
         metrics.pop("v_num", None)  # the W&B run id's tail: says nothing while training
-        return with_latest_eval(metrics, module)
+        return with_latest_eval(metrics, module.latest_eval)
 
     def on_fit_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self._update_metrics(trainer, module)  # the final evaluation ran after the last iteration's update
@@ -118,18 +118,19 @@ class IterationLines(ProgressBar):
         done = min(module.iteration, total)
         self._last = now
         per_iteration = (now - self._start) / max(done - self._first, 1)
-        shown = with_latest_eval({k: v for k, v in self.get_metrics(trainer, module).items() if k != "v_num"}, module)
+        metrics = {k: v for k, v in self.get_metrics(trainer, module).items() if k != "v_num"}
+        shown = with_latest_eval(metrics, module.latest_eval)
         values = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
         line = f"iteration {done}/{total} ({100 * done // max(total, 1)}%)  {per_iteration:.2f} s/it  "
         line += f"elapsed {_clock(now - self._start)}  ETA {_clock(per_iteration * (total - done))}  {values}"
         print(line.rstrip(), flush=True)
 
 
-def with_latest_eval(metrics: dict, module: L.LightningModule) -> dict:
-    """`metrics` with `eval_em` = the latest evaluation's exact match (`module.latest_eval`), when there is one:
+def with_latest_eval(metrics: dict, latest_eval: dict[str, float]) -> dict:
+    """`metrics` with `eval_em` = the latest evaluation's exact match (the module's `latest_eval`), when there is one:
     `training_step` logs `eval_em` before the evaluation that ends its iteration, so that value lags by one."""
-    if "exact_match" in module.latest_eval:
-        metrics["eval_em"] = float(module.latest_eval["exact_match"])
+    if "exact_match" in latest_eval:
+        metrics["eval_em"] = float(latest_eval["exact_match"])
     return metrics
 
 

@@ -21,13 +21,11 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from llm_pg.core.advantages import clipped_advantages, overlong_penalty, settled_groups, truncated_rows, unsettled_rows
-from llm_pg.core.losses import completion_mask
 from llm_pg.core.rollout import RolloutBatch, concat_rollouts, derive_seed
 from llm_pg.data.batches import PromptBatch, ScoredRollout
 from llm_pg.data.tasks.base import Example, Score
-from llm_pg.engines.episodes import EpisodeGeneration, Sampler, episode_sums
-from llm_pg.engines.vllm import VLLMGeneration
-from llm_pg.models.generation import PromptTooLong, Sampling
+from llm_pg.engines.episodes import Sampler, episode_sums
+from llm_pg.models.generation import Generation, PromptTooLong, Sampling
 from llm_pg.runs.guards import Ranks, RunStopped, prompt_stop, scores_or_stop, stop_together
 
 
@@ -214,12 +212,7 @@ def sample_round(
     local_index = [i // variants.group_size for i in range(len(sample.texts))]
     rows = [examples[i] for i in local_index]
     scores = scores_or_stop(context.ranks, context.sampler.scorer, sample.texts, rows, iteration)
-    episodes = isinstance(sample, EpisodeGeneration)
-    if episodes:  # the masks come with the episodes: never inferred from ids
-        mask, attention = sample.loss_mask, sample.attention
-    else:
-        mask = completion_mask(sample.completion_ids, list(context.sampler.eos))
-        attention = mask.long()
+    mask, attention = sample.completion_mask, sample.completion_attention  # the engine's: never re-inferred here
     if variants.overlong_buffer > 0:  # DAPO's soft overlong punishment, a reward component of every task
         lengths = attention.sum(1)  # [N] tokens up to and including EOS (an episode's: its whole region)
         penalty = overlong_penalty(
@@ -227,7 +220,6 @@ def sample_round(
         )
         scores = with_component(scores, "overlong", penalty.tolist())
     rewards = torch.tensor([s.total for s in scores], dtype=torch.float32, device=sample.completion_ids.device)
-    sampled = sample.sampled_logprobs if isinstance(sample, VLLMGeneration | EpisodeGeneration) else None
     rollout = RolloutBatch(
         input_ids=torch.cat([sample.prompt_ids, sample.completion_ids], dim=1),
         attention_mask=torch.cat([sample.prompt_mask, attention.long()], dim=1),
@@ -236,13 +228,13 @@ def sample_round(
         prompt_len=sample.prompt_ids.shape[1],
         texts=sample.texts,
         prompt_index=[first_prompt + i for i in local_index],
-        sampled_logp=sampled,
-        **(episode_fields(sample) if episodes else {}),
+        sampled_logp=sample.sampled_logp,
+        **(episode_fields(sample) if sample.episodes else {}),
     )
     return rollout, scores, seconds
 
 
-def episode_fields(sample: EpisodeGeneration) -> dict:
+def episode_fields(sample: Generation) -> dict:
     """The per-row episode statistics a `RolloutBatch` carries, on the rollout's device."""
     device = sample.completion_ids.device
     fields = {name: getattr(sample, name).to(device) for name in ("truncated", "turns", "tool_calls", "tool_errors")}

@@ -22,7 +22,7 @@ import torch
 
 from llm_pg.core.rollout import derive_seed
 from llm_pg.data.tasks.base import Example, Score, Task
-from llm_pg.engines.episodes import EpisodeGeneration, Sampler, episode_sums
+from llm_pg.engines.episodes import Sampler, episode_sums
 from llm_pg.models.generation import PromptTooLong, Sampling
 from llm_pg.runs.guards import Ranks, RunStopped, checked_scores, prompt_stop, stop_together
 
@@ -138,7 +138,7 @@ def _evaluate_shard(context: EvalContext, engine, examples: Sequence[Example], i
             except PromptTooLong as error:
                 raise prompt_stop(error, batch, f"evaluation at iteration {iteration}") from None
             texts = generation.texts
-            if isinstance(generation, EpisodeGeneration):
+            if generation.episodes:
                 shard.transcripts.extend(generation.transcripts)
                 sums = episode_sums(generation.turns, generation.tool_calls, generation.tool_errors)
                 for name, value in sums.items():

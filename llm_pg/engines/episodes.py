@@ -20,7 +20,7 @@ Single-turn tasks do not come here (`Sampler`): their rollouts are exactly those
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -33,21 +33,6 @@ from llm_pg.models.chat import ChatObservations, TemplateError
 from llm_pg.models.generation import Generation, Sampling, encode_prompts, pad_token_id
 from llm_pg.models.parallel import unsharded
 from llm_pg.runs.guards import RunStopped, checked_outcomes, quoted
-
-
-@dataclass
-class EpisodeGeneration(Generation):
-    """A `Generation` of multi-turn episodes: `completion_ids` hold the model's turns and the observations between
-    them; `texts` the model's turns (what the task scores, `model_text`)."""
-
-    attention: Tensor | None = None  # [N, C] long: 1 on every real token of the completion region
-    loss_mask: Tensor | None = None  # [N, C] bool: the model's own tokens, each turn's end token included
-    transcripts: list[str] = field(default_factory=list)  # [N] the region decoded with its special tokens
-    turns: Tensor | None = None  # [N] long: model turns
-    tool_calls: Tensor | None = None  # [N] long: calls run
-    tool_errors: Tensor | None = None  # [N] long: calls answered with an error observation (`ToolError`)
-    truncated: Tensor | None = None  # [N] bool: the last model turn ran out of tokens (no end token)
-    sampled_logprobs: Tensor | None = None  # [N, C] float32: the engine's log-probs of the model's tokens (vLLM)
 
 
 def run_episodes(
@@ -63,7 +48,7 @@ def run_episodes(
     context: int | None = None,
     tools: ToolTask | TaskScorer | None = None,
     where: str = "a rollout",
-) -> EpisodeGeneration:
+) -> Generation:
     """`num_samples` episodes per example (rows group-contiguous, as `engine.generate`). `tools` runs the calls (a
     `TaskScorer`, or the task itself: in-process); a tool that fails otherwise than with a `ToolError` raises
     `RunStopped` naming the row and the call (`where`: the phase, for the message)."""
@@ -197,19 +182,19 @@ def _assembled(tokenizer, eos, prompt_ids, prompt_mask, ids, loss, logps, turns,
         loss_mask[r, :length] = torch.tensor(loss[r], dtype=torch.bool)
         if sampled is not None:
             sampled[r, :length] = torch.tensor(logps[r], dtype=torch.float32)
-    return EpisodeGeneration(
+    return Generation(
         prompt_ids,
         prompt_mask,
         completion,
         [model_text(t) for t in turns],
-        attention=attention,
-        loss_mask=loss_mask,
+        completion_mask=loss_mask,
+        completion_attention=attention,
         transcripts=[tokenizer.decode(row, skip_special_tokens=False) for row in ids],
         turns=torch.tensor([len(t) for t in turns], dtype=torch.long),
         tool_calls=torch.tensor(calls, dtype=torch.long),
         tool_errors=torch.tensor(errors, dtype=torch.long),
         truncated=torch.tensor(truncated, dtype=torch.bool),
-        sampled_logprobs=sampled,
+        sampled_logp=sampled,
     )
 
 
@@ -226,7 +211,6 @@ class Sampler:
         tokenizer: the policy's tokenizer.
         eos: every id that ends a turn (`llm_pg.models.generation.eos_token_ids`).
         policy: the trained model (a tool task's episode loop gathers an FSDP2-sharded one once).
-        context: the model's context in tokens, or None.
         device: where the completions go.
     """
 
@@ -235,7 +219,6 @@ class Sampler:
     tokenizer: object
     eos: tuple[int, ...]
     policy: torch.nn.Module
-    context: int | None = None
     device: torch.device | str = "cpu"
 
     def __call__(
@@ -246,7 +229,6 @@ class Sampler:
         task = self.task
         if not isinstance(task, ToolTask):
             return engine.generate([task.messages(e) for e in examples], sampling, num_samples=num_samples, seed=seed)
-        context = getattr(engine, "context", None) or self.context
         # FSDP2: one gather for the whole episode loop, whose number of engine calls differs between ranks
         with unsharded(self.policy):
             generation = run_episodes(
@@ -258,11 +240,12 @@ class Sampler:
                 num_samples=num_samples,
                 seed=seed,
                 eos=list(self.eos),
-                context=context,
+                context=engine.context,
                 tools=self.scorer,
                 where=where,
             )
-        for name in ("prompt_ids", "prompt_mask", "completion_ids", "attention", "loss_mask", "sampled_logprobs"):
+        for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "completion_attention",
+                     "sampled_logp"):  # fmt: skip
             value = getattr(generation, name)
             if value is not None:
                 setattr(generation, name, value.to(self.device))
@@ -271,7 +254,6 @@ class Sampler:
 
 __all__ = [
     "ChatObservations",
-    "EpisodeGeneration",
     "RunStopped",
     "Sampler",
     "TemplateError",

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from llm_pg.models.generation import Conversation, Generation, Sampling, continue_ids, generate
+from llm_pg.models.generation import Conversation, Generation, Sampling, context_length, continue_ids, generate
 from llm_pg.models.parallel import unsharded
 
 
@@ -34,6 +34,14 @@ class HFEngine:
         self.autocast = autocast
         self.share_prompt_prefix = share_prompt_prefix
         self.compiled = compiled
+        self.context = context_length(model)  # the model's own context, in tokens
+
+    schedules_batches = False  # the rows of a call are one batch: an evaluation sends as many as memory allows
+
+    def describe(self) -> str:
+        """One line for the terminal: the engine and how it decodes."""
+        how = "compiled decode steps" if self.compiled else "eager decode steps"
+        return f"rollout engine: HF, the policy itself ({how}, prompt prefill shared: {self.share_prompt_prefix})"
 
     def load_weights(self, model: PreTrainedModel) -> None:
         self.model = model

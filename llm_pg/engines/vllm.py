@@ -5,7 +5,7 @@ vLLM (`llm-pg[vllm]`, 0.32) runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
 `encode_prompts` and handed to vLLM as token ids, and vLLM never loads a tokenizer (`skip_tokenizer_init`), so
 the prompt tokens, padding, EOS ids and decoded texts are those of `llm_pg.models.generation.generate`.
 
-Sampled-token log-probs (`VLLMGeneration.sampled_logprobs`) come in one of two modes (`logprobs_mode`):
+Sampled-token log-probs (`Generation.sampled_logp`) come in one of two modes (`logprobs_mode`):
 - `raw_logprobs`: `log_softmax(logits)[token]`, temperature 1, before any masking: equal to the trainer's
   log-probs at `logprob_temperature: 1.0` (the course's default).
 - `processed_logprobs`: after temperature scaling, top-p truncation and the min-tokens EOS mask: equal to the
@@ -39,11 +39,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 
 from llm_pg.core.rollout import derive_seed
@@ -56,12 +55,12 @@ from llm_pg.models.generation import (
     encode_prompts,
     pad_token_id,
     rows_past_tokenizer,
+    single_turn,
 )
 from llm_pg.models.loading import resolve_model_path
 
 __all__ = [
     "VLLMEngine",
-    "VLLMGeneration",
     "checkpoint_eos_ids",
     "policy_weights",
     "unused_logit_bias",
@@ -69,13 +68,6 @@ __all__ = [
 ]
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
-
-
-@dataclass
-class VLLMGeneration(Generation):
-    """A `Generation` plus vLLM's log-prob of every sampled token."""
-
-    sampled_logprobs: Tensor  # [N, C] float32, 0 on padding after the first EOS
 
 
 def vllm_logprobs_mode(logprob_temperature: float | None, temperature: float) -> str:
@@ -226,6 +218,8 @@ class VLLMEngine:
             )
         self.context = max_model_len or getattr(getattr(self.llm, "model_config", None), "max_model_len", None)
 
+    schedules_batches = True  # vLLM schedules its own batches: an evaluation sends the whole set in one call
+
     @property
     def pad(self) -> int:
         """The id after each completion's EOS: the tokenizer's pad token, else the first EOS id (as HF generate)."""
@@ -311,7 +305,7 @@ class VLLMEngine:
         *,
         num_samples: int = 1,
         seed: int | None = None,
-    ) -> VLLMGeneration:
+    ) -> Generation:
         """`num_samples` completions per conversation, as `llm_pg.models.generation.generate`, plus sampled log-probs.
 
         Plain temperature/top-p sampling (no top-k, no penalties). Row r (= i*G + j) is one request seeded
@@ -347,10 +341,11 @@ class VLLMEngine:
             steps = completion.logprobs
             sampled_logprobs[row, : len(ids)] = torch.tensor([steps[t][tok].logprob for t, tok in enumerate(ids)])
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        return VLLMGeneration(
+        return single_turn(
             prompt_ids.to(self.device),
             prompt_mask.to(self.device),
             completion_ids.to(self.device),
             texts,
+            self.eos,
             sampled_logprobs.to(self.device),
         )

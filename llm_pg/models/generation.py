@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
+from llm_pg.core.losses import completion_mask
 from llm_pg.models.cache import kv_cache, with_kv_cache
 from llm_pg.models.decode_loop import decode
 from llm_pg.models.decoding import compiled_forward, reserved_cache
@@ -42,12 +43,50 @@ class Sampling:
 
 @dataclass
 class Generation:
-    """Sampled completions, `num_samples` per prompt, group-contiguous (row `i*G + j` answers prompt i)."""
+    """Sampled completions, `num_samples` per prompt, group-contiguous (row `i*G + j` answers prompt i): what every
+    engine's `generate` returns, and the multi-turn episodes of a tool task (`llm_pg.engines.episodes`). The fields
+    after `texts` are named as the `llm_pg.core.rollout.RolloutBatch` fields they become."""
 
     prompt_ids: Tensor  # [N, P] left-padded
     prompt_mask: Tensor  # [N, P] 1 on real prompt tokens
     completion_ids: Tensor  # [N, C] right-padded with the pad token after the first EOS
-    texts: list[str]  # [N] completions decoded up to their EOS, special tokens dropped
+    texts: list[
+        str
+    ]  # [N] completions decoded up to their EOS, special tokens dropped (an episode's: the model's turns)
+    # [N, C] bool, the loss mask: the tokens the model sampled, up to and including the first EOS (in an episode, each
+    # of its turns with its end token; observations excluded)
+    completion_mask: Tensor | None = None
+    # [N, C] long: 1 on every real token of the completion region (the completion mask, but for an episode's
+    # observations, which are attended and not trained)
+    completion_attention: Tensor | None = None
+    # [N, C] float32: the engine's own log-prob of each sampled token, 0 elsewhere (vLLM; None: the sampler is the
+    # policy itself)
+    sampled_logp: Tensor | None = None
+    # Episodes only (None for single-turn completions): [N] bool, the last turn ran out of tokens; [N] long model
+    # turns, tool calls run and calls answered with an error; [N] the region decoded with its special tokens
+    truncated: Tensor | None = None
+    turns: Tensor | None = None
+    tool_calls: Tensor | None = None
+    tool_errors: Tensor | None = None
+    transcripts: list[str] = field(default_factory=list)
+
+    @property
+    def episodes(self) -> bool:
+        """Whether these are a tool task's multi-turn episodes."""
+        return self.turns is not None
+
+
+def single_turn(
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    texts: list[str],
+    eos: Sequence[int],
+    sampled_logp: Tensor | None = None,
+) -> Generation:
+    """A single-turn `Generation`, its masks from the EOS ids: each completion up to and including its first EOS."""
+    mask = completion_mask(completion_ids, list(eos))  # [N, C]
+    return Generation(prompt_ids, prompt_mask, completion_ids, texts, mask, mask.long(), sampled_logp)
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -197,7 +236,7 @@ def generate(
     completion_ids = sample_ids(model, tokenizer, prompt_ids, prompt_mask, sampling, seed, cache, compiled)  # [N, C]
     model.train(was_training)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return Generation(prompt_ids, prompt_mask, completion_ids, texts)
+    return single_turn(prompt_ids, prompt_mask, completion_ids, texts, eos_token_ids(model, tokenizer))
 
 
 @torch.no_grad()

@@ -19,7 +19,6 @@ import time
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
@@ -36,9 +35,9 @@ from llm_pg.core.objectives import Objective
 from llm_pg.core.rollout import RolloutBatch, derive_seed
 from llm_pg.core.schedule import LrSchedule, lr_factor
 from llm_pg.data.batches import PromptBatch
-from llm_pg.engines import HFEngine, SamplerHealth, build_engine
+from llm_pg.engines import Engine, EngineSettings, SamplerHealth, build_engine
 from llm_pg.engines.episodes import Sampler
-from llm_pg.models.generation import Sampling, context_length, eos_token_ids, pad_token_id
+from llm_pg.models.generation import Sampling, eos_token_ids, pad_token_id
 from llm_pg.models.loading import (
     LoRA,
     auto_dtype,
@@ -56,9 +55,6 @@ from llm_pg.modules.settings import RolloutEngine, check_off_policy_mask, check_
 from llm_pg.modules.update import UpdateContext, run_update
 from llm_pg.runs.directory import run_dir
 from llm_pg.runs.guards import DivergenceGuard, Ranks, RunStopped, scorer_of, weights_finite
-
-if TYPE_CHECKING:
-    from llm_pg.engines.vllm import VLLMEngine
 
 
 class PolicyGradientModule(L.LightningModule, ABC):
@@ -251,7 +247,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.tokenizer = None
         self.compute_dtype: torch.dtype | None = None  # set by configure_model
         self._reference: list[torch.nn.Module] = []  # a list, so the reference is not a submodule
-        self._engine: HFEngine | VLLMEngine | None = None  # built on first use (`engine`)
+        self._engine: Engine | None = None  # built on first use (`engine`)
         self._engine_iteration: int | None = None  # the iteration whose weights the engine holds
         self.sampler_health = SamplerHealth(self.sampler_correction, rank_zero_warn)  # rollout/ mismatch and TIS
         self._logprobs: LogProbs | None = None  # built once the policy is loaded (`logprobs`)
@@ -313,10 +309,15 @@ class PolicyGradientModule(L.LightningModule, ABC):
         self.policy = load_policy(hp.model_name_or_path, weights, self.lora, hp.gradient_checkpointing)
         if hp.kl_coef > 0 and not self.uses_lora:
             self._reference = [load_reference(hp.model_name_or_path, self.compute_dtype)]
-        shard_for_strategy(self)  # FSDP2 (ModelParallelStrategy): policy and reference sharded over the ranks
+        if self._trainer is not None:  # FSDP2 (ModelParallelStrategy): policy and reference sharded over the ranks
+            r = self.lora.r if self.uses_lora else 0
+            strategy = self._trainer.strategy
+            shard_for_strategy(
+                strategy, self.policy, self.reference, self.device_mesh, self.compute_dtype, r, hp.rollout_engine
+            )
 
     @property
-    def engine(self) -> HFEngine | VLLMEngine:
+    def engine(self) -> Engine:
         """The rollout engine (`rollout_engine`), holding the policy's weights of the current iteration.
 
         Built on first use (after `configure_model` and any checkpoint restore). When an update has happened since
@@ -325,11 +326,47 @@ class PolicyGradientModule(L.LightningModule, ABC):
         itself, so it has nothing to copy; vLLM receives every weight (LoRA merged) and drops its prefix cache.
         """
         if self._engine is None:
-            self._engine = build_engine(self)
+            self._engine = build_engine(
+                self.hparams.rollout_engine, self.policy, self.tokenizer, self.engine_settings()
+            )
         if self._engine_iteration != self.iteration:
             self._engine.load_weights(self.policy)
             self._engine_iteration = self.iteration
         return self._engine
+
+    def engine_settings(self) -> EngineSettings:
+        """What the rollout engine is built from (`llm_pg.engines.EngineSettings`): the compute dtype, this rank's
+        device and seed, `max_model_len = max_prompt_tokens + the larger of max_new_tokens and eval_max_new_tokens`
+        (the model's own limit when prompts are not cut), the log-prob mode that matches `logprob_temperature`, the
+        policy's EOS ids, the `vllm_*` keys, and vLLM's log file, `<run dir>/vllm.log` (`vllm_rank<k>.log` under
+        DDP; none outside a trainer's run)."""
+        hp, trainer = self.hparams, self._trainer
+        longest_new = max(hp.max_new_tokens, hp.eval_max_new_tokens or 0)
+        log_file = None
+        if trainer is not None:
+            log_file = run_dir(trainer) / (
+                "vllm.log" if trainer.world_size == 1 else f"vllm_rank{self.global_rank}.log"
+            )
+        return EngineSettings(
+            model_name_or_path=hp.model_name_or_path,
+            eos=tuple(eos_token_ids(self.policy, self.tokenizer)),
+            dtype=self.compute_dtype,
+            device=self.device,
+            autocast=self.autocast,
+            share_prompt_prefix=hp.share_prompt_prefix,
+            compiled=hp.compile_generation,
+            max_model_len=hp.max_prompt_tokens + longest_new if hp.max_prompt_tokens is not None else None,
+            seed=hp.seed + self.global_rank,  # unseeded requests differ by rank
+            logprob_temperature=hp.logprob_temperature,
+            temperature=hp.temperature,
+            lora_rank=self.lora.r if self.uses_lora else None,
+            gpu_memory_utilization=hp.vllm_gpu_memory_utilization,
+            kv_cache_memory_bytes=hp.vllm_kv_cache_memory_bytes,
+            max_num_batched_tokens=hp.vllm_max_num_batched_tokens,
+            log_file=log_file,
+            world_size=torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
+            strategy=trainer.strategy if trainer is not None else None,
+        )
 
     def sampling(self, evaluation: bool = False) -> Sampling:
         """How the rollouts are sampled; with `evaluation`, how the evaluation samples (`eval_max_new_tokens`,
@@ -461,7 +498,6 @@ class PolicyGradientModule(L.LightningModule, ABC):
             tokenizer=self.tokenizer,
             eos=tuple(eos_token_ids(self.policy, self.tokenizer)),
             policy=self.policy,
-            context=context_length(self.policy),
             device=self.device,
         )
 
@@ -510,7 +546,7 @@ class PolicyGradientModule(L.LightningModule, ABC):
             sampling=self.sampling(evaluation=True),
             samples=hp.eval_samples,
             batch_rows=hp.eval_batch_size,
-            whole_set=hp.rollout_engine == "vllm",
+            whole_set=self.engine.schedules_batches,
             fallback_rows=hp.logprob_batch_size,
             seed=hp.seed,
             rank=self.global_rank,

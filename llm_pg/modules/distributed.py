@@ -21,6 +21,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
 
+from llm_pg.engines import samples_sharded
 from llm_pg.models.parallel import shard_model
 
 
@@ -44,28 +45,36 @@ def average_gradients(params: list[torch.nn.Parameter], world_size: int) -> None
         offset += g.numel()
 
 
-def shard_for_strategy(module: L.LightningModule) -> None:
+def shard_for_strategy(
+    strategy: object,
+    policy: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    device_mesh,
+    dtype: torch.dtype,
+    lora_rank: int,
+    rollout_engine: str,
+) -> None:
     """Under `ModelParallelStrategy` (`llm_pg.models.parallel.FSDP2`): shard the policy and the frozen reference
-    over the data-parallel ranks. Called at the end of `configure_model`; nothing to do under other strategies."""
-    trainer = module._trainer
-    if trainer is None or not isinstance(trainer.strategy, ModelParallelStrategy):
+    over the data-parallel ranks of `device_mesh`. Called at the end of `configure_model`; nothing to do under other
+    strategies."""
+    if not isinstance(strategy, ModelParallelStrategy):
         return
-    if module.uses_lora:
+    if lora_rank > 0:
         raise ValueError(
-            f"model.lora.r={module.lora.r} with trainer.strategy {type(trainer.strategy).__name__}: FSDP2 here shards "
+            f"model.lora.r={lora_rank} with trainer.strategy {type(strategy).__name__}: FSDP2 here shards "
             "full fine-tuning only; set model.lora.r=0, or keep LoRA with --trainer.strategy ddp (the adapter is small)"
         )
-    if module.hparams.rollout_engine != "hf":
+    if not samples_sharded(rollout_engine):
         raise ValueError(
-            f"model.rollout_engine={module.hparams.rollout_engine} with trainer.strategy "
-            f"{type(trainer.strategy).__name__}: a sharded policy samples with HF generate only; set rollout_engine: hf"
+            f"model.rollout_engine={rollout_engine} with trainer.strategy {type(strategy).__name__}: a sharded policy "
+            "samples with an engine that samples with the policy itself only; set rollout_engine: hf"
         )
-    mesh = module.device_mesh["data_parallel"]
-    if module.device_mesh["tensor_parallel"].size() != 1:
+    mesh = device_mesh["data_parallel"]
+    if device_mesh["tensor_parallel"].size() != 1:
         raise ValueError(
             "trainer.strategy: tensor parallelism is not supported (tensor_parallel_size must be 1); "
             "use --trainer.strategy fsdp2"
         )
-    shard_model(module.policy, mesh, module.compute_dtype)
-    if module.reference is not None:
-        shard_model(module.reference, mesh, module.compute_dtype, frozen=True)
+    shard_model(policy, mesh, dtype)
+    if reference is not None:
+        shard_model(reference, mesh, dtype, frozen=True)
