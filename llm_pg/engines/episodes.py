@@ -20,7 +20,7 @@ Single-turn tasks do not come here (`Sampler`): their rollouts are exactly those
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -33,6 +33,31 @@ from llm_pg.models.chat import ChatObservations, TemplateError
 from llm_pg.models.generation import Generation, Sampling, encode_prompts, pad_token_id
 from llm_pg.models.parallel import unsharded
 from llm_pg.runs.guards import RunStopped, checked_outcomes, quoted
+
+
+@dataclass
+class _Episodes:
+    """The episodes in progress, one entry per row: the prompt's ids, the conversation so far (for the template's
+    observation framing), the tool environment, the completion region's ids with their loss flags and engine
+    log-probs, the model's turns as text, and the counts."""
+
+    prompts: list[list[int]]
+    messages: list[list[dict]]
+    environments: list
+    ids: list[list[int]] = field(default_factory=list)
+    loss: list[list[bool]] = field(default_factory=list)
+    logps: list[list[float]] = field(default_factory=list)
+    turns: list[list[str]] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+    errors: list[int] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+    has_logps: bool = False
+
+    def __post_init__(self) -> None:
+        n = len(self.prompts)
+        self.ids, self.loss, self.logps = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
+        self.turns = [[] for _ in range(n)]
+        self.calls, self.errors, self.truncated = [0] * n, [0] * n, [False] * n
 
 
 def run_episodes(
@@ -59,83 +84,93 @@ def run_episodes(
     prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0)  # [N, P]
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0)  # [N, P]
     n = prompt_ids.shape[0]
-    budget = sampling.max_new_tokens
-    eos_set = set(eos)
-    observations = ChatObservations(tokenizer, task.observation_role, eos)
     scorer = tools if isinstance(tools, TaskScorer) else TaskScorer(task, workers=0)
-    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
     row_example = [examples[r // num_samples] for r in range(n)]
-    messages = [list(conversations[r // num_samples]) for r in range(n)]
-    environments = [hook(task.environment, example, where=where) for example in row_example]
-    ids: list[list[int]] = [[] for _ in range(n)]
-    loss: list[list[bool]] = [[] for _ in range(n)]
-    logps: list[list[float]] = [[] for _ in range(n)]
-    turns: list[list[str]] = [[] for _ in range(n)]
-    calls, errors, truncated = [0] * n, [0] * n, [False] * n
-    has_logps = False
+    episodes = _Episodes(
+        prompts=[ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)],
+        messages=[list(conversations[r // num_samples]) for r in range(n)],
+        environments=[hook(task.environment, example, where=where) for example in row_example],
+    )
+    observations = ChatObservations(tokenizer, task.observation_role, eos)
     active = list(range(n))
     for turn in range(1, task.max_turns + 1):
         if not active:
             break
         new, new_logps = engine.continue_ids(
-            [prompts[r] + ids[r] for r in active],
+            [episodes.prompts[r] + episodes.ids[r] for r in active],
             sampling if turn == 1 else replace(sampling, min_new_tokens=0),  # min_new_tokens: the first turn's
-            budgets=[budget - len(ids[r]) for r in active],
+            budgets=[sampling.max_new_tokens - len(episodes.ids[r]) for r in active],
             rows=active,
             seed=None if seed is None else derive_seed(seed, "turn", turn),
         )
-        has_logps = has_logps or new_logps is not None
-        wanted = []  # (row, tool name, input)
-        for k, r in enumerate(active):
-            tokens = new[k]
-            ids[r] += tokens
-            loss[r] += [True] * len(tokens)
-            logps[r] += new_logps[k] if new_logps is not None else [0.0] * len(tokens)
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
-            turns[r].append(text)
-            messages[r].append({"role": "assistant", "content": text})
-            if not tokens or tokens[-1] not in eos_set:
-                truncated[r] = True  # out of tokens mid-turn: the episode ends here
-                continue
-            call = hook(task.find_call, text, where=where)
-            if call is not None and turn < task.max_turns:
-                wanted.append((r, *call))
+        wanted = _model_turn(episodes, active, new, new_logps, tokenizer, task, set(eos), turn < task.max_turns, where)
         outcomes = checked_outcomes(
             scorer,
-            [(environments[r], name, arg) for r, name, arg in wanted],
+            [(episodes.environments[r], name, arg) for r, name, arg in wanted],
             [f"row {r} (prompt {quoted(row_example[r].prompt, 60)})" for r, _, _ in wanted],
             where,
         )
-        active = []
-        for (r, _name, _arg), outcome in zip(wanted, outcomes, strict=True):
-            calls[r] += 1
-            errors[r] += outcome.error
-            environments[r] = outcome.environment
-            content = _cut(tokenizer, observations.clean(outcome.observation), task.max_tool_tokens)
-            try:
-                observed = observations.observation_ids(messages[r], content)
-            except TemplateError as error:  # a template the check before training let through
-                raise RunStopped(f"{where}: {error}") from None
-            messages[r].append({"role": task.observation_role, "content": content})
-            if len(ids[r]) + len(observed) >= budget:
-                continue  # no room for a turn after it: the row ends on the model's end token
-            ids[r] += observed
-            loss[r] += [False] * len(observed)
-            logps[r] += [0.0] * len(observed)
-            active.append(r)
+        active = _observations(
+            episodes, wanted, outcomes, observations, tokenizer, task, sampling.max_new_tokens, where
+        )
+    logps = episodes.logps if episodes.has_logps else None
     return _assembled(
-        tokenizer,
-        eos,
-        prompt_ids,
-        prompt_mask,
-        ids,
-        loss,
-        logps if has_logps else None,
-        turns,
-        calls,
-        errors,
-        truncated,
-    )
+        tokenizer, eos, prompt_ids, prompt_mask, episodes.ids, episodes.loss, logps, episodes.turns, episodes.calls,
+        episodes.errors, episodes.truncated,
+    )  # fmt: skip
+
+
+def _model_turn(
+    episodes: _Episodes, active: list[int], new: list[list[int]], new_logps, tokenizer, task: ToolTask,
+    eos: set[int], may_call: bool, where: str,
+) -> list[tuple]:  # fmt: skip
+    """Append each active row's sampled turn (`new`, with the engine's log-probs `new_logps` or None); returns the
+    calls to run, `(row, tool name, input)`, of the turns that ended on an end-of-turn id with a call (`may_call`:
+    not the last turn). A turn cut by the budget ends its episode."""
+    episodes.has_logps = episodes.has_logps or new_logps is not None
+    wanted = []
+    for k, r in enumerate(active):
+        tokens = new[k]
+        episodes.ids[r] += tokens
+        episodes.loss[r] += [True] * len(tokens)
+        episodes.logps[r] += new_logps[k] if new_logps is not None else [0.0] * len(tokens)
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        episodes.turns[r].append(text)
+        episodes.messages[r].append({"role": "assistant", "content": text})
+        if not tokens or tokens[-1] not in eos:
+            episodes.truncated[r] = True  # out of tokens mid-turn: the episode ends here
+            continue
+        call = hook(task.find_call, text, where=where)
+        if call is not None and may_call:
+            wanted.append((r, *call))
+    return wanted
+
+
+def _observations(
+    episodes: _Episodes, wanted: list[tuple], outcomes, observations: ChatObservations, tokenizer, task: ToolTask,
+    budget: int, where: str,
+) -> list[int]:  # fmt: skip
+    """Append each answered call's observation, framed by the chat template (`observations`), to its row; returns
+    the rows that go on to another turn (an observation that would leave no room for a token after it is dropped,
+    and the row ends on the model's end token)."""
+    active = []
+    for (r, _name, _arg), outcome in zip(wanted, outcomes, strict=True):
+        episodes.calls[r] += 1
+        episodes.errors[r] += outcome.error
+        episodes.environments[r] = outcome.environment
+        content = _cut(tokenizer, observations.clean(outcome.observation), task.max_tool_tokens)
+        try:
+            observed = observations.observation_ids(episodes.messages[r], content)
+        except TemplateError as error:  # a template the check before training let through
+            raise RunStopped(f"{where}: {error}") from None
+        episodes.messages[r].append({"role": task.observation_role, "content": content})
+        if len(episodes.ids[r]) + len(observed) >= budget:
+            continue  # no room for a turn after it: the row ends on the model's end token
+        episodes.ids[r] += observed
+        episodes.loss[r] += [False] * len(observed)
+        episodes.logps[r] += [0.0] * len(observed)
+        active.append(r)
+    return active
 
 
 def episode_sums(turns: Tensor, tool_calls: Tensor, tool_errors: Tensor) -> dict[str, float]:

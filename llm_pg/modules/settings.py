@@ -46,6 +46,18 @@ def _below(key: str, value: Any, low: float, high: float, fix: str, low_included
 
 def check_settings(hp: dict[str, Any]) -> None:
     """Raise ValueError for the first key of `hp` (a module's init args) whose value cannot work."""
+    _check_batches(hp)
+    _check_optimizer(hp)
+    _check_sampling(hp)
+    _check_loss_terms(hp)
+    _check_logging_and_guards(hp)
+    check_variant_settings(hp)
+    check_engine_settings(hp)
+    _check_lora(hp["lora"])
+
+
+def _check_batches(hp: dict[str, Any]) -> None:
+    """The iteration's shape: iterations, groups, prompts, micro-batches and accumulation."""
     _at_least("iterations", hp["iterations"], 1, "set how many RL iterations to train")
     _at_least("group_size", hp["group_size"], 2, "rewards are normalised within a group of >= 2 completions")
     _at_least("prompts_per_step", hp["prompts_per_step"], 1, "set data.prompts_per_step")
@@ -57,6 +69,10 @@ def check_settings(hp: dict[str, Any]) -> None:
             f"model.minibatch_size={hp['minibatch_size']} is larger than one iteration's {rows} rows "
             f"(prompts_per_step {hp['prompts_per_step']} x group_size {hp['group_size']}); lower minibatch_size"
         )
+
+
+def _check_optimizer(hp: dict[str, Any]) -> None:
+    """The KL weight, AdamW and the learning-rate schedule."""
     _below("kl_coef", hp["kl_coef"], 0, 100, "0: no KL penalty (and no reference); the course uses 0.05", True)
     _below("lr", hp["lr"], 0, 1, "the course uses 3e-5; a rate of 1 or more can only diverge")
     _below("weight_decay", hp["weight_decay"], 0, 1, "AdamW's decoupled decay; the course uses 0", low_included=True)
@@ -69,6 +85,10 @@ def check_settings(hp: dict[str, Any]) -> None:
             f"model.min_lr_ratio={hp['min_lr_ratio']!r} means nothing with lr_schedule 'constant' (no decay); "
             "set model.lr_schedule to linear or cosine, or drop min_lr_ratio"
         )
+
+
+def _check_sampling(hp: dict[str, Any]) -> None:
+    """The gradient clip, the advantage clip, sampling, evaluation and the log-prob passes."""
     _above("max_grad_norm", hp["max_grad_norm"], 0, "the course clips the gradient norm to 0.5")
     _above("adv_clip", hp["adv_clip"], 0, "advantages are clipped to +-adv_clip; the course uses 5.0")
     _below("temperature", hp["temperature"], 0, 100, "sampling needs a positive temperature; the course uses 0.8")
@@ -86,6 +106,10 @@ def check_settings(hp: dict[str, Any]) -> None:
     _at_least("logprob_chunk_size", hp["logprob_chunk_size"], 0, "positions per LM-head chunk; 0: one head call")
     if hp["eval_batch_size"] is not None:
         _at_least("eval_batch_size", hp["eval_batch_size"], 1, "prompts per eval generate call; null: engine default")
+
+
+def _check_loss_terms(hp: dict[str, Any]) -> None:
+    """The entropy bonus, the overlong punishment and the sampler correction."""
     _below("entropy_coef", hp["entropy_coef"], 0, 1, "the entropy bonus's weight; 0 turns it off", True)
     if not (isinstance(hp["overlong_buffer"], int) and 0 <= hp["overlong_buffer"] <= hp["max_new_tokens"]):
         _fail(
@@ -98,6 +122,10 @@ def check_settings(hp: dict[str, Any]) -> None:
     if hp["tis_cap"] is not None:
         _at_least("tis_cap", hp["tis_cap"], 1, "the truncation C of min(exp(old_logp - sampler_logp), C), e.g. 2.0")
     check_sampler_correction(hp)
+
+
+def _check_logging_and_guards(hp: dict[str, Any]) -> None:
+    """Completion tables, the divergence guard, the seed, log-prob T and the dtype."""
     _at_least("log_generations_every", hp["log_generations_every"], 0, "0 logs no completion tables")
     table_rows = hp["log_generations_rows"]
     if not (isinstance(table_rows, int) and not isinstance(table_rows, bool) and table_rows >= 1):
@@ -124,9 +152,10 @@ def check_settings(hp: dict[str, Any]) -> None:
             hp["dtype"],
             "auto (bf16 where bf16 matmuls are faster) or null (bfloat16 on a GPU, float32 on the CPU)",
         )
-    check_variant_settings(hp)
-    check_engine_settings(hp)
-    lora = hp["lora"]
+
+
+def _check_lora(lora) -> None:
+    """The LoRA settings, when given."""
     if lora is not None:
         _at_least("lora.r", lora.r, 0, "0 trains every weight (full fine-tuning); the course uses 16")
         _above("lora.alpha", lora.alpha, 0, "the adapter scale is alpha / r; the course uses 32")
@@ -230,7 +259,7 @@ def check_engine_settings(hp: dict[str, Any]) -> None:
             "vllm_gpu_memory_utilization",
             "in (0, 1)",
             hp["vllm_gpu_memory_utilization"],
-            "the share of the GPU vLLM takes; 0.3 fits Qwen2.5-1.5B beside LoRA training on an 80 GB H100",
+            "the share of the GPU vLLM takes beside training, e.g. 0.3",
         )
     for key in ("vllm_kv_cache_memory_bytes", "vllm_max_num_batched_tokens"):
         if hp[key] is not None:
