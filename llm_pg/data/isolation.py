@@ -29,6 +29,7 @@ import traceback
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -41,14 +42,30 @@ THIS_FILE = str(Path(__file__).resolve())
 OUR_CODE = str(Path(__file__).resolve().parents[1])  # llm_pg/
 
 
+class FailureKind(StrEnum):
+    """How a call of the task's code failed (`Failure.kind`)."""
+
+    RAISED = "raised"  # an exception; the detail holds its traceback from the first frame outside llm_pg
+    REWARD_ERROR = "reward_error"  # a `RewardError`: the detail is its message
+    EXIT = "exit"  # sys.exit or KeyboardInterrupt
+    TIMEOUT = "timeout"  # past the time limit; the detail says where it was stuck
+    DIED = "died"  # the worker process ended, or could not load the task
+    SKIPPED = "skipped"  # not scored, because an earlier row failed
+
+
+class Request(StrEnum):
+    """What a worker is asked to do with a payload (`serve_one`)."""
+
+    SCORE = "score"  # payload: (completion, example)
+    TOOL = "tool"  # payload: (environment, tool name, text)
+
+
 @dataclass(frozen=True)
 class Failure:
-    """Why one completion has no score: `kind` is `raised` (an exception; `detail` holds its traceback from the
-    first frame outside llm_pg), `reward_error` (a `RewardError`: `detail` is its message), `exit` (sys.exit or
-    KeyboardInterrupt), `timeout` (`detail`: where it was stuck), `died` (the worker process ended, or could not load
-    the task) or `skipped` (not scored, because an earlier row failed)."""
+    """Why one completion has no score (or one tool call no outcome): its `kind` and the `detail` the stop's one
+    line shows."""
 
-    kind: str
+    kind: FailureKind
     detail: str
 
 
@@ -77,7 +94,7 @@ def score_one(task: Task, completion: str, example: Example) -> Score | Failure:
     try:
         return task.score(completion, example)
     except RewardError as error:
-        return Failure("reward_error", str(error))
+        return Failure(FailureKind.REWARD_ERROR, str(error))
     except (SystemExit, KeyboardInterrupt, Exception) as error:
         return failure_of(error)
 
@@ -93,10 +110,10 @@ def tool_one(task: Task, environment: ToolEnvironment, name: str, text: str) -> 
 def failure_of(error: BaseException) -> Failure:
     """The `Failure` of user code that called `sys.exit`, raised KeyboardInterrupt, or raised."""
     if isinstance(error, SystemExit):
-        return Failure("exit", f"called sys.exit({error.code!r}){_exited_in(error)}")
+        return Failure(FailureKind.EXIT, f"called sys.exit({error.code!r}){_exited_in(error)}")
     if isinstance(error, KeyboardInterrupt):
-        return Failure("exit", f"raised KeyboardInterrupt{_exited_in(error)}")
-    return Failure("raised", task_frames(error))
+        return Failure(FailureKind.EXIT, f"raised KeyboardInterrupt{_exited_in(error)}")
+    return Failure(FailureKind.RAISED, task_frames(error))
 
 
 def _exited_in(error: BaseException) -> str:
@@ -115,10 +132,10 @@ def _exited_in(error: BaseException) -> str:
     return f" in {module}:{called.f_code.co_qualname} ({frame.f_code.co_filename} line {line})"
 
 
-def serve_one(task: Task, kind: str, payload: tuple) -> Score | ToolOutcome | Failure:
-    """One request of a worker or of in-process scoring: `("score", (completion, example))` or
-    `("tool", (environment, name, text))`."""
-    return score_one(task, *payload) if kind == "score" else tool_one(task, *payload)
+def serve_one(task: Task, kind: Request, payload: tuple) -> Score | ToolOutcome | Failure:
+    """One request of a worker or of in-process scoring: `(Request.SCORE, (completion, example))` or
+    `(Request.TOOL, (environment, name, text))`."""
+    return score_one(task, *payload) if kind == Request.SCORE else tool_one(task, *payload)
 
 
 def _stuck_at(dump: str) -> str:
@@ -243,13 +260,13 @@ class RewardWorkers:
 
     def score(self, completions: Sequence[str], examples: Sequence[Example]) -> list[Score | Failure]:
         """One result per completion, in order. After the first failure no further row is sent (the rows already
-        being scored finish): the rows left get `Failure("skipped", ...)`, since the run stops at the first."""
-        return self.serve([("score", pair) for pair in zip(completions, examples, strict=True)])
+        being scored finish): the rows left get a `FailureKind.SKIPPED` failure, since the run stops at the first."""
+        return self.serve([(Request.SCORE, pair) for pair in zip(completions, examples, strict=True)])
 
     def call_tools(self, calls: Sequence[tuple[ToolEnvironment, str, str]]) -> list[ToolOutcome | Failure]:
         """One outcome per `(environment, tool name, input)` call, in order, each under the time limit; as `score`
         after a failure."""
-        return self.serve([("tool", call) for call in calls])
+        return self.serve([(Request.TOOL, call) for call in calls])
 
     def serve(self, requests: Sequence[tuple[str, tuple]]) -> list:
         """One result per `(kind, payload)` request (`serve_one`), in order, spread over the workers."""
@@ -262,7 +279,7 @@ class RewardWorkers:
         def fail(row: int, failure: Failure) -> None:
             results[row] = failure
             while pending:  # nothing more is sent: the run stops at this failure
-                results[pending.popleft()] = Failure("skipped", "not scored: an earlier row failed")
+                results[pending.popleft()] = Failure(FailureKind.SKIPPED, "not scored: an earlier row failed")
 
         while pending or busy:
             while pending and idle:
@@ -274,11 +291,12 @@ class RewardWorkers:
                     except OSError:  # it ended while idle (killed from outside)
                         problem = f"the reward worker ended while idle (exit code {worker.process.exitcode})"
                     except Exception as error:  # the request does not pickle (a tool environment holding a lock)
-                        fail(row, Failure("raised", f"cannot send it to a worker: {type(error).__name__}: {error}"))
+                        detail = f"cannot send it to a worker: {type(error).__name__}: {error}"
+                        fail(row, Failure(FailureKind.RAISED, detail))
                         idle.append(worker)
                         continue
                 if problem is not None:
-                    fail(row, Failure("died", problem))
+                    fail(row, Failure(FailureKind.DIED, problem))
                     idle.append(self._replace(worker))
                     continue
                 worker.row, worker.deadline = row, time.monotonic() + self.timeout + GRACE_SECONDS
@@ -304,7 +322,7 @@ class RewardWorkers:
                 if now >= worker.deadline:  # alive past the watchdog's time and the grace: killed
                     del busy[conn]
                     worker.stop(kill=True)
-                    fail(worker.row, Failure("timeout", _stuck_at(worker.dump())))
+                    fail(worker.row, Failure(FailureKind.TIMEOUT, _stuck_at(worker.dump())))
                     idle.append(self._replace(worker))
         return results  # type: ignore[return-value]
 
@@ -312,10 +330,10 @@ class RewardWorkers:
         worker.process.join(timeout=GRACE_SECONDS)
         dump = worker.dump()
         if "most recent call first" in dump:  # the watchdog fired: a timeout, with where it was stuck
-            return Failure("timeout", _stuck_at(dump))
+            return Failure(FailureKind.TIMEOUT, _stuck_at(dump))
         code = worker.process.exitcode
         how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        return Failure("died", f"the worker process ended ({how}: os._exit or a crash in native code)")
+        return Failure(FailureKind.DIED, f"the worker process ended ({how}: os._exit or a crash in native code)")
 
     def _replace(self, worker: _Worker) -> _Worker:
         worker.stop(kill=True)

@@ -94,8 +94,8 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         share_prompt_dropout: let prefix sharing run in a training forward with dropout (LoRA's 0.05): the rows of a
             prompt then share one dropout mask on its tokens. That changes only the gradient's variance (each row's
             mask is still a fresh draw, marginally), not its expectation. On by default (what it saves:
-            docs/algorithms.md, "Each lever alone"); false draws a mask per row, as the course does. Non-reentrant gradient checkpointing (the `gradient_checkpointing: true`
-            kind) shares too.
+            docs/algorithms.md, "Each lever alone"); false draws a mask per row, as the course does. Non-reentrant
+            gradient checkpointing (the `gradient_checkpointing: true` kind) shares too.
         group_by_length: when a pass is one optimizer step and prefix sharing does not apply to its forwards
             (dropout without share_prompt_dropout), run rows of similar length together (`update.length_sorted`): the
             same step to float rounding, less padding. false: rollout order.

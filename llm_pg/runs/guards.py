@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from llm_pg.data.isolation import Failure, TaskScorer
+from llm_pg.data.isolation import Failure, FailureKind, TaskScorer
 from llm_pg.data.tasks.base import Example, Score, Task
 from llm_pg.data.tasks.tools import ToolEnvironment, ToolOutcome
 from llm_pg.models.generation import PromptTooLong
@@ -61,7 +61,9 @@ def checked_scores(
     scorer = task if isinstance(task, TaskScorer) else TaskScorer(task, workers=0)
     name = type(scorer.task).__name__
     results = scorer.score(texts, examples)
-    failed = [row for row, result in enumerate(results) if isinstance(result, Failure) and result.kind != "skipped"]
+    failed = [
+        row for row, result in enumerate(results) if isinstance(result, Failure) and result.kind != FailureKind.SKIPPED
+    ]
     if failed:  # the first row that failed (rows after it may not have been scored at all)
         row = failed[0]
         what_row = _row_text(row, iteration, examples[row], texts[row], where)
@@ -90,33 +92,33 @@ def checked_outcomes(
         return []
     results = scorer.call_tools(calls)
     for (_, name, text), row, result in zip(calls, rows, results, strict=True):
-        if isinstance(result, Failure) and result.kind != "skipped":
+        if isinstance(result, Failure) and result.kind != FailureKind.SKIPPED:
             what = f"tool {name!r} of task {type(scorer.task).__name__} on {row} of {where} (input {quoted(text, 60)})"
-            if result.kind == "timeout":
+            if result.kind == FailureKind.TIMEOUT:
                 raise RunStopped(
                     f"{what} did not return within data.reward_timeout={scorer.timeout:g} s, stuck at "
                     f"{result.detail}; give the tool a time limit of its own, or raise data.reward_timeout"
                 )
-            if result.kind == "raised":
+            if result.kind == FailureKind.RAISED:
                 raise RunStopped(
                     f"{what} raised; a tool raises ToolError for input it cannot serve (its message becomes the "
                     f"observation), anything else stops the run:\n{result.detail}"
                 )
-            how = result.detail if result.kind == "exit" else f"ended its worker: {result.detail}"
+            how = result.detail if result.kind == FailureKind.EXIT else f"ended its worker: {result.detail}"
             raise RunStopped(f"{what} {how}; a tool must return a string, not end its process")
     return results
 
 
 def _failure_text(name: str, failure: Failure, what_row: str, timeout: float) -> str:
-    if failure.kind == "reward_error":
+    if failure.kind == FailureKind.REWARD_ERROR:
         return f"{failure.detail}; {what_row}"
-    if failure.kind == "raised":
+    if failure.kind == FailureKind.RAISED:
         return f"task {name} raised while scoring {what_row}; rewards must never raise:\n{failure.detail}"
-    if failure.kind == "exit":
+    if failure.kind == FailureKind.EXIT:
         return (
             f"task {name} {failure.detail} while scoring {what_row}; a reward must return a number, not end the process"
         )
-    if failure.kind == "timeout":
+    if failure.kind == FailureKind.TIMEOUT:
         return (
             f"task {name} did not return within data.reward_timeout={timeout:g} s while scoring {what_row}, stuck at "
             f"{failure.detail}; give the checker a time limit of its own (a regex, sympy or a loop can run for ever "
