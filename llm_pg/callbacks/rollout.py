@@ -142,7 +142,7 @@ class RolloutCallback(Callback):
             spread += int((~settled_groups(part.rewards, variants.group_size)).sum())
             if not refill or not reduced(trainer, int(spread < context.prompts_per_step), "max"):
                 break
-        rollout = concat_rollouts(parts, context.pad)
+        rollout = parts[0] if len(parts) == 1 else concat_rollouts(parts, context.pad)
         eos = context.sampler.eos
         metrics = rollout_metrics(rollout, scores, variants.group_size, eos, sampling_seconds)
         kept = None

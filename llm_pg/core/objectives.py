@@ -333,7 +333,7 @@ class Objective(ABC):
         """The weights of `micro`'s policy term (None: 1): the correction against the sampler times the off-policy
         sequence mask, and the share of rows the mask drops (None when it is off)."""
         rows = micro.rows
-        weight = sampler_weight(rows, self.correction, micro.old_logp)
+        weight = None if self.correction is None else sampler_weight(rows, self.correction, micro.old_logp)
         if self.off_policy_threshold is None:
             return weight, None
         sampler = sampler_logp(rows, micro.old_logp)

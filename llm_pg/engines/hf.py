@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from llm_pg.models.generation import Conversation, Generation, Sampling, context_length, continue_ids, generate
-from llm_pg.models.parallel import unsharded
+from llm_pg.models.generation import Conversation, Generation, Sampling, continue_ids, generate, model_tokens
+from llm_pg.models.parallel import is_sharded, unsharded
 
 
 class HFEngine:
@@ -29,12 +29,12 @@ class HFEngine:
         share_prompt_prefix: bool = True,
         compiled: bool = False,
     ) -> None:
-        self.model = model
+        self.model: PreTrainedModel | None = None
         self.tokenizer = tokenizer
         self.autocast = autocast
         self.share_prompt_prefix = share_prompt_prefix
         self.compiled = compiled
-        self.context = context_length(model)  # the model's own context, in tokens
+        self.load_weights(model)
 
     schedules_batches = False  # the rows of a call are one batch: an evaluation sends as many as memory allows
 
@@ -44,7 +44,17 @@ class HFEngine:
         return f"rollout engine: HF, the policy itself ({how}, prompt prefill shared: {self.share_prompt_prefix})"
 
     def load_weights(self, model: PreTrainedModel) -> None:
+        """Sample with `model` (the policy, whose weights the optimizer updates in place: nothing to copy)."""
+        if model is not self.model:
+            self.tokens = model_tokens(model, self.tokenizer)  # EOS, pad, unused rows and context, once per model
+            self.context = self.tokens.context
+            self.sharded = is_sharded(model)
         self.model = model
+
+    def _gathered(self) -> AbstractContextManager:
+        """A model sharded by FSDP2 gathered once for a whole call (`unsharded`), not once per decoded token, so its
+        ranks may stop decoding at different steps; nothing to do for a whole model."""
+        return unsharded(self.model) if self.sharded else nullcontext()
 
     def generate(
         self,
@@ -59,7 +69,7 @@ class HFEngine:
 
         A model sharded with FSDP2 is gathered once for the whole call (`unsharded`), not once per decoded token,
         so its ranks may stop decoding at different steps."""
-        with self.autocast(), unsharded(self.model):
+        with self.autocast(), self._gathered():
             return generate(
                 self.model,
                 self.tokenizer,
@@ -69,6 +79,7 @@ class HFEngine:
                 seed=seed,
                 share_prompt=self.share_prompt_prefix,
                 compiled=self.compiled,
+                tokens=self.tokens,
             )
 
     def continue_ids(
@@ -84,7 +95,7 @@ class HFEngine:
         `seed` (`rows` is unused: HF draws a batch from one stream): at most `budgets[i]` new ids, up to and
         including the first EOS (the batch samples to the largest budget; a row is cut to its own). No engine
         log-probs (the policy is the sampler)."""
-        with self.autocast(), unsharded(self.model):
+        with self.autocast(), self._gathered():
             ids = continue_ids(
                 self.model,
                 self.tokenizer,
@@ -92,5 +103,6 @@ class HFEngine:
                 replace(sampling, max_new_tokens=max(budgets)),
                 seed=seed,
                 compiled=self.compiled,
+                tokens=self.tokens,
             )
         return [row[:budget] for row, budget in zip(ids, budgets, strict=True)], None

@@ -122,6 +122,26 @@ def rows_past_tokenizer(rows: int, tokenizer: PreTrainedTokenizerBase) -> list[i
     return list(range(len(tokenizer), rows)) if rows > len(tokenizer) else []
 
 
+@dataclass(frozen=True)
+class ModelTokens:
+    """What decoding needs to know about a model's ids, computed once (`model_tokens`): every EOS id, the pad id,
+    the head's rows the tokenizer does not define (never sampled), and the context in tokens (None: unknown)."""
+
+    eos: tuple[int, ...]
+    pad: int
+    unused: tuple[int, ...]
+    context: int | None
+
+
+def model_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> ModelTokens:
+    """`ModelTokens` of `model` with `tokenizer` (`eos_token_ids`, `pad_token_id`, `unused_token_ids`,
+    `context_length`)."""
+    eos = eos_token_ids(model, tokenizer)
+    return ModelTokens(
+        tuple(eos), pad_token_id(tokenizer, eos), tuple(unused_token_ids(model, tokenizer)), context_length(model)
+    )
+
+
 class PromptTooLong(ValueError):
     """A prompt (after `max_prompt_tokens`) leaves no room in the model's context for the completion: raised
     before any tensor is built, naming the batch row (`row`)."""
@@ -203,8 +223,10 @@ def generate(
     seed: int | None = None,
     share_prompt: bool = True,
     compiled: bool = False,
+    tokens: ModelTokens | None = None,
 ) -> Generation:
     """Sample `num_samples` completions per conversation as `sampling` says (KV cache on, model in eval mode).
+    `tokens`: the model's `ModelTokens` when the caller holds them (default: computed here).
 
     Sampling is plain temperature/top-p sampling: top-k and repetition penalties that a model's own
     generation config may carry are switched off, so the log-probs the trainer computes at `temperature`
@@ -220,12 +242,13 @@ def generate(
     decode steps run through `torch.compile` (`llm_pg.models.decoding.compiled_forward`).
     """
     device = next(model.parameters()).device
+    tokens = tokens or model_tokens(model, tokenizer)
     encoded = encode_prompts(
         tokenizer,
         conversations,
         sampling.max_prompt_tokens,
         sampling.chat_template,
-        context_length(model),
+        tokens.context,
         sampling.max_new_tokens,
     )
     prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0).to(device)  # [N, P]
@@ -233,10 +256,10 @@ def generate(
     was_training = model.training
     model.eval()  # the prompt cache too is computed in eval mode (no dropout)
     cache = prompt_cache(model, encoded, num_samples) if share_prompt else None
-    completion_ids = sample_ids(model, tokenizer, prompt_ids, prompt_mask, sampling, seed, cache, compiled)  # [N, C]
+    completion_ids = sample_ids(model, tokens, prompt_ids, prompt_mask, sampling, seed, cache, compiled)  # [N, C]
     model.train(was_training)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return single_turn(prompt_ids, prompt_mask, completion_ids, texts, eos_token_ids(model, tokenizer))
+    return single_turn(prompt_ids, prompt_mask, completion_ids, texts, tokens.eos)
 
 
 @torch.no_grad()
@@ -248,25 +271,26 @@ def continue_ids(
     *,
     seed: int | None = None,
     compiled: bool = False,
+    tokens: ModelTokens | None = None,
 ) -> list[list[int]]:
     """One continuation per token-id context (a multi-turn episode's ids so far), sampled as `generate` samples:
     each row's new ids up to and including its first EOS, or `sampling.max_new_tokens` of them. The contexts are
     left-padded into one batch; nothing is re-tokenized."""
     device = next(model.parameters()).device
-    eos = eos_token_ids(model, tokenizer)
-    batch = left_padded(contexts, pad_token_id(tokenizer, eos))
+    tokens = tokens or model_tokens(model, tokenizer)
+    batch = left_padded(contexts, tokens.pad)
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-    out = sample_ids(model, tokenizer, ids, mask, sampling, seed, None, compiled).tolist()
+    out = sample_ids(model, tokens, ids, mask, sampling, seed, None, compiled).tolist()
     rows = []
     for row in out:
-        ends = [i for i, token in enumerate(row) if token in eos]
+        ends = [i for i, token in enumerate(row) if token in tokens.eos]
         rows.append(row[: ends[0] + 1] if ends else row)
     return rows
 
 
 def sample_ids(
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
+    tokens: ModelTokens,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     sampling: Sampling,
@@ -277,9 +301,7 @@ def sample_ids(
     """`[N, C]` sampled ids after left-padded `prompt_ids` `[N, P]` (right-padded with the pad id after each row's
     first EOS); `cache`: a prompt cache (`prompt_cache`) or None."""
     device = prompt_ids.device
-    eos = eos_token_ids(model, tokenizer)
-    pad = pad_token_id(tokenizer, eos)
-    unused = unused_token_ids(model, tokenizer)
+    eos, pad, unused = list(tokens.eos), tokens.pad, list(tokens.unused)
     was_training = model.training
     model.eval()
     cache = reserved_cache(model, cache, sampling.max_new_tokens)

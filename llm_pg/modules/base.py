@@ -341,7 +341,7 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
                 f"iteration {self.iteration_in_progress}: every group was settled and filtered "
                 "(filter_zero_std_groups): no optimizer step; the iteration still counts"
             )
-        metrics = update.metrics()
+        metrics = dict(update.metrics)
         finite_norms = [g for g in grad_norms if math.isfinite(g)]
         metrics.update(
             {

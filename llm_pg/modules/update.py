@@ -91,17 +91,19 @@ class UpdateState:
     ratio_max: float = 0.0
     grad_norms: list[float] = field(default_factory=list)
 
-    @property
-    def steps_taken(self) -> int:
-        return sum(math.isfinite(g) for g in self.grad_norms)
 
-    @property
-    def steps_skipped(self) -> int:
-        return len(self.grad_norms) - self.steps_taken
+@dataclass(frozen=True)
+class UpdateResult:
+    """What an update reports: the per-micro-batch means of the objective's metrics, each step's gradient norm (a
+    non-finite one: the step was skipped), the steps taken and skipped, the largest ratio, and pi_old `[N, C]` (the
+    sampler-health figures compare the engine's log-probs with it)."""
 
-    def metrics(self) -> dict[str, float]:
-        """The per-micro-batch means of the objective's metrics."""
-        return {name: value / max(self.micro_batches, 1) for name, value in self.totals.items()}
+    metrics: dict[str, float]
+    grad_norms: list[float]
+    steps_taken: int
+    steps_skipped: int
+    ratio_max: float
+    old_logp: Tensor | None
 
 
 def _all_reduce(value: float, op: torch.distributed.ReduceOp, device: torch.device) -> float:
@@ -189,9 +191,8 @@ def _micro_step(
 
 def run_update(
     context: UpdateContext, rollout: RolloutBatch, optimizer, shuffle: torch.Generator, token_mean: bool = False
-) -> UpdateState:
-    """Train on `rollout` (`context.epochs` shuffled passes); returns the update's state: the metric means, each
-    step's gradient norm (a non-finite one: the step was skipped), the largest ratio, and pi_old. `token_mean`: the
+) -> UpdateResult:
+    """Train on `rollout` (`context.epochs` shuffled passes); returns the `UpdateResult`. `token_mean`: the
     objective's aggregation is `token_mean` (each step's token count is then needed). A rollout with no rows makes no
     optimizer step."""
     needs_old = context.objective.needs_old_logp
@@ -220,4 +221,12 @@ def run_update(
                 _micro_step(context, state, rollout, index, split, num_tokens, old_from_first_pass and epoch == 0,
                             len(group))  # fmt: skip
             state.grad_norms.append(clipped_step(context, optimizer))
-    return state
+    taken = sum(math.isfinite(g) for g in state.grad_norms)
+    return UpdateResult(
+        metrics={name: value / max(state.micro_batches, 1) for name, value in state.totals.items()},
+        grad_norms=state.grad_norms,
+        steps_taken=taken,
+        steps_skipped=len(state.grad_norms) - taken,
+        ratio_max=state.ratio_max,
+        old_logp=state.old_logp,
+    )

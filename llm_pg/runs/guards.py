@@ -70,10 +70,10 @@ def checked_scores(
         raise RunStopped(_failure_text(name, results[row], what_row, scorer.timeout))
     scores = []
     for row, (text, example, result) in enumerate(zip(texts, examples, results, strict=True)):
-        what_row = _row_text(row, iteration, example, text, where)
         values = {"total": result.total, **{f"component {k!r}": v for k, v in result.components.items()}}
         for what, value in values.items():
             if not (isinstance(value, numbers.Real) and math.isfinite(value)):  # numpy scalars are Real too
+                what_row = _row_text(row, iteration, example, text, where)
                 raise RunStopped(
                     f"task {name} gave a reward {what} of {value!r} for {what_row}; "
                     "rewards must be finite numbers: fix the task's score (or the reward function that computes it)"
