@@ -97,7 +97,7 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
             docs/algorithms.md, "Each lever alone"); false draws a mask per row, as the course does. Non-reentrant
             gradient checkpointing (the `gradient_checkpointing: true` kind) shares too.
         group_by_length: when a pass is one optimizer step and prefix sharing does not apply to its forwards
-            (dropout without share_prompt_dropout), run rows of similar length together (`update.length_sorted`): the
+            (dropout without share_prompt_dropout), run rows of similar length together (`update.forward_rows`): the
             same step to float rounding, less padding. false: rollout order.
         log_generations_every: iterations between sampled-completion tables (0: never).
         log_generations_rows: rows per sampled-completion table, in whole prompt groups (at least one group).

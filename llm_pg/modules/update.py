@@ -8,7 +8,7 @@ Per pass the rows are shuffled (seeded generator), cut into micro-batches of `mi
 forwards take whole prompt groups instead (each prompt run once) and the loss weighs every row as its micro-batch
 of the shuffled split would (`grouped_passes`): the same step. Where prefix sharing cannot apply to those forwards
 (reentrant gradient checkpointing, dropout without `share_prompt_dropout`), they take rows of similar length
-instead (`group_by_length`, `length_sorted`).
+instead (`group_by_length`, `forward_rows`).
 Each micro-batch is trimmed to its longest completion first (`RolloutBatch.trimmed`): the columns cut are padding,
 masked everywhere, so the loss is unchanged.
 
@@ -57,7 +57,7 @@ class UpdateContext:
         max_grad_norm: the gradient-norm clip of each step.
         grouped: a pass that is one optimizer step over equal micro-batches may run its forwards over whole prompt
             groups (`share_prompt_prefix`; `grouped_passes`).
-        by_length: such forwards take rows of similar length instead of whole groups (`length_sorted`).
+        by_length: such forwards take rows of similar length instead of whole groups (`forward_rows`).
         world_size: data-parallel ranks (token counts and gradients are reduced over them).
         sharded: the policy is sharded by FSDP2 (its backward already averages the gradient).
         backward: the backward of a loss (Lightning's `manual_backward`).
