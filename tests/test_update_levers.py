@@ -1,6 +1,6 @@
 """The update's speed levers (issue 22) are exact: the chunked LM head (`llm_pg.core.chunked_logprobs`), forwards over
-rows packed to the left (`logprobs.packed_layout`) and length-sorted grouped passes
-(`update.forward_rows` by length) give the plain path's log-probs, entropy, gradients and optimizer steps to float rounding.
+rows packed to the left (`logprobs.packed_layout`) and length-sorted grouped passes (`update.forward_rows` by
+length) give the plain path's log-probs, entropy, gradients and optimizer steps to float rounding.
 """
 
 import pytest
