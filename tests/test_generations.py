@@ -78,20 +78,20 @@ class FakeWandb(WandbLogger):
 def test_the_callback_writes_the_jsonl_and_the_wandb_table_keeping_the_iteration_field(tmp_path, monkeypatch):
     logger = FakeWandb(str(tmp_path))
     trainer = SimpleNamespace(loggers=[logger], default_root_dir=str(tmp_path))
-    hparams = SimpleNamespace(log_generations_every=5, group_size=3, log_generations_rows=4)
-    module = SimpleNamespace(iteration=6, hparams=hparams, policy=None, tokenizer=None)
+    module = SimpleNamespace(iteration=6, policy=None, tokenizer=None)
+    callback = GenerationsCallback(every=5, rows=4, group_size=3)
     monkeypatch.setattr("llm_pg.callbacks.generations.eos_token_ids", lambda policy, tokenizer: [EOS])
     batch = PromptBatch(0, EXAMPLES, ScoredRollout(filled_rollout(), scores(), examples=EXAMPLES))
-    GenerationsCallback().on_train_batch_end(trainer, module, None, batch, 0)  # iteration 6 sampled: 6 = 1 + 5
+    callback.on_train_batch_end(trainer, module, None, batch, 0)  # iteration 6 sampled: 6 = 1 + 5
     lines = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
     assert len(lines) == 3 and all(row["iteration"] == 6 for row in lines)  # runs.logs.trim_logs reads `iteration`
     module.iteration = 5  # not 1 + a multiple of 5: nothing more is written
-    GenerationsCallback().on_train_batch_end(trainer, module, None, batch, 0)
+    callback.on_train_batch_end(trainer, module, None, batch, 0)
     assert len((tmp_path / "generations.jsonl").read_text().splitlines()) == 3
     [(key, columns, data, step)] = logger.tables
     assert key == "generations" and step == 6 and [dict(zip(columns, row, strict=True)) for row in data] == lines
     module.iteration = 7  # iteration 6: not a multiple of 5
-    GenerationsCallback().on_train_batch_end(trainer, module, None, batch, 0)
+    callback.on_train_batch_end(trainer, module, None, batch, 0)
     assert len(logger.tables) == 1
 
 

@@ -36,9 +36,11 @@ def write_eval_rows(out: Path, examples: Sequence[Example], evaluation: Evaluati
 class EvalCallback(Callback):
     """Logs `eval/<metric>` (exact_match, format fractions, ...) and writes the eval completions to
     `<run dir>/eval/iter_XXXXX.jsonl` and, with a W&B logger, to the table `eval_completions` (iteration, prompt,
-    gold answer, greedy completion, reward, correct)."""
+    gold answer, greedy completion, reward, correct): at the start, every `every` iterations (`eval_every`) and at
+    the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, every: int = 10) -> None:
+        self.every = every
         self.last_evaluated: int | None = None
         self.context: EvalContext | None = None  # the fit's, built at its first evaluation
 
@@ -50,7 +52,7 @@ class EvalCallback(Callback):
             self._evaluate(trainer, module)
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args) -> None:
-        if module.iteration % module.hparams.eval_every == 0 and module.stop_reason is None:
+        if module.iteration % self.every == 0 and module.stop_reason is None:
             self._evaluate(trainer, module)
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:

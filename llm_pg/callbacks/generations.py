@@ -70,14 +70,18 @@ class GenerationsCallback(Callback):
     """Every `log_generations_every` iterations (iterations 1, 1 + every, ...: the base policy's samples first), logs
     whole groups of the rollout, at most `log_generations_rows` rows (so advantages can be read against their group),
     to `<run dir>/generations.jsonl` and, with a W&B logger, as the table `generations` (`table_rows` gives the
-    columns). A row's `iteration` is the 1-based iteration that sampled it, the `step` of its metrics row."""
+    columns). A row's `iteration` is the 1-based iteration that sampled it, the `step` of its metrics row.
+    The module builds it with its settings (`every`: `log_generations_every`, 0: never; `rows`:
+    `log_generations_rows`; `group_size`)."""
+
+    def __init__(self, every: int = 10, rows: int = 24, group_size: int = 6) -> None:
+        self.every, self.rows, self.group_size = every, rows, group_size
 
     @rank_zero_only
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        hp = module.hparams
         iteration = module.iteration  # 1-based: the iteration that sampled this batch, the `step` it is logged at
         scored = batch.rollout  # the RolloutCallback's ScoredRollout
-        due = hp.log_generations_every > 0 and (iteration - 1) % hp.log_generations_every == 0  # 1, 1 + every, ...
+        due = self.every > 0 and (iteration - 1) % self.every == 0  # 1, 1 + every, ...
         if not due or not len(scored.rows):
             return
         columns, table = table_rows(
@@ -86,8 +90,8 @@ class GenerationsCallback(Callback):
             scored.scores,
             scored.examples,
             eos_token_ids(module.policy, module.tokenizer),
-            hp.group_size,
-            hp.log_generations_rows,
+            self.group_size,
+            self.rows,
         )
         path = run_dir(trainer) / "generations.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)

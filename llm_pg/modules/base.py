@@ -305,7 +305,9 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
             self.trainer.should_stop = True
 
     def configure_callbacks(self):
-        return [RolloutCallback(), EvalCallback(), GenerationsCallback()]
+        hp = self.hparams
+        tables = GenerationsCallback(hp.log_generations_every, hp.log_generations_rows, hp.group_size)
+        return [RolloutCallback(), EvalCallback(hp.eval_every), tables]
 
     # ---- optimisation ---------------------------------------------------------------------------------
 
