@@ -6,7 +6,8 @@
 
 Runs the config (default: the README's main job, all its iterations) in a fresh process in a temporary run
 directory, W&B off, and digests what the run wrote: `metrics.csv` with the timing and memory columns left out (the
-same rows `kill_resume.py` compares), `generations.jsonl`, every file under `eval/` and every file under `final/`.
+same rows `kill_resume.py` compares), `generations.jsonl`, every file under `eval/` and every file under `final/`
+(a LoRA run's `adapter_config.json` with its set-valued fields sorted: peft writes them in hash order).
 `--save` writes the digests as JSON; `--against` compares with a saved file and names each artifact that differs.
 Same seed, same config, same machine: the digests must be equal (the project's invariant), so a refactor that
 claims "behaviour unchanged" shows it here. Digests from another machine or torch build may differ.
@@ -40,8 +41,19 @@ def digests(run_dir: Path) -> dict[str, str]:
             out[str(path.relative_to(run_dir))] = digest(path.read_bytes())
     for path in sorted((run_dir / "final").rglob("*")):
         if path.is_file():
-            out[str(path.relative_to(run_dir))] = digest(path.read_bytes())
+            data = path.read_bytes()
+            if path.name == "adapter_config.json":  # peft writes set-valued fields (target_modules) in hash order
+                config = {
+                    k: sorted(v) if k in SET_FIELDS and isinstance(v, list) else v for k, v in json.loads(data).items()
+                }
+                data = json.dumps(config, sort_keys=True).encode()
+            out[str(path.relative_to(run_dir))] = digest(data)
     return out
+
+
+# LoRA config fields peft keeps as sets and saves as lists in the process's string-hash order (`PYTHONHASHSEED`), so
+# two runs of one setting write them in different orders: compared sorted.
+SET_FIELDS = ("target_modules", "modules_to_save", "exclude_modules")
 
 
 def fingerprint(config: str, iterations: int | None, keep: Path | None) -> dict[str, str]:
