@@ -60,6 +60,21 @@ class RatioStats:
         }
 
 
+@dataclass(frozen=True)
+class Reduction:
+    """How a policy term's per-token values reduce to one number: the aggregation `mode` (`losses.aggregate`;
+    `max_new_tokens` for `seq_mean_token_sum_norm`), the step's completion tokens (`num_tokens`, `token_mean`) and
+    each row's micro-batch tokens when the update regroups rows (`split_tokens` `[B]`, `losses.token_mean_share`)."""
+
+    mode: str = "seq_mean_token_mean"
+    max_new_tokens: int | None = None
+    num_tokens: float | Tensor | None = None
+    split_tokens: Tensor | None = None
+
+    def __call__(self, values: Tensor, mask: Tensor) -> Tensor:
+        return aggregate(values, mask, self.mode, self.max_new_tokens, self.num_tokens)
+
+
 def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, ratio_level: str = "token") -> Tensor:
     """`[B, C]` `rho_it = exp(logp_it - old_logp_it)` (`token`), or GSPO's `rho_i = exp(seqmean_i(logp - old_logp))`
     broadcast over row i's tokens (`sequence`); log-ratios clamped to +-20."""
@@ -84,38 +99,22 @@ def _ratio_stats(rho: Tensor, low: Tensor, high: Tensor, mask: Tensor, split_tok
 
 
 def reinforce_term(
-    logp: Tensor,
-    mask: Tensor,
-    advantages: Tensor,
-    aggregation: str = "seq_mean_token_mean",
-    max_new_tokens: int | None = None,
-    num_tokens: float | Tensor | None = None,
-    is_weight: Tensor | None = None,
+    logp: Tensor, mask: Tensor, advantages: Tensor, reduce: Reduction, is_weight: Tensor | None = None
 ) -> Tensor:
-    """GR-REINFORCE's policy term `-aggregate(A_i * w_it * logp_it)`; with the default aggregation
+    """GR-REINFORCE's policy term `-reduce(A_i * w_it * logp_it)`; with the default aggregation
     `-mean_i(A_i * seqmean_i(logp))`, computed in the course's order of operations."""
     if is_weight is not None:
         logp = is_weight * logp
-    if aggregation == "seq_mean_token_mean":
+    if reduce.mode == "seq_mean_token_mean":
         return -(advantages * masked_mean(logp, mask, dim=1)).mean()
-    return -aggregate(advantages.unsqueeze(1) * logp, mask, aggregation, max_new_tokens, num_tokens)
+    return -reduce(advantages.unsqueeze(1) * logp, mask)
 
 
 def clipped_term(
-    logp: Tensor,
-    old_logp: Tensor,
-    mask: Tensor,
-    advantages: Tensor,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-    ratio_level: str = "token",
-    aggregation: str = "seq_mean_token_mean",
-    max_new_tokens: int | None = None,
-    num_tokens: float | Tensor | None = None,
-    split_tokens: Tensor | None = None,
-    is_weight: Tensor | None = None,
-) -> tuple[Tensor, RatioStats]:
-    """The clipped surrogate's policy term `-aggregate(w * min(rho A, clip(rho, 1-eps, 1+eps_high) A))` and its
+    logp: Tensor, old_logp: Tensor, mask: Tensor, advantages: Tensor, reduce: Reduction, clip_eps: float = 0.2,
+    clip_eps_high: float | None = None, ratio_level: str = "token", is_weight: Tensor | None = None,
+) -> tuple[Tensor, RatioStats]:  # fmt: skip
+    """The clipped surrogate's policy term `-reduce(w * min(rho A, clip(rho, 1-eps, 1+eps_high) A))` and its
     `RatioStats`: `clip_fraction_low` counts tokens with rho < 1 - eps and A < 0, `clip_fraction_high` rho > 1 +
     eps_high and A > 0 (`eps_high` = `clip_eps_high`, DAPO's clip-higher; default `clip_eps`)."""
     high = clip_eps if clip_eps_high is None else clip_eps_high
@@ -124,26 +123,17 @@ def clipped_term(
     surrogate = torch.minimum(rho * adv, rho.clamp(1.0 - clip_eps, 1.0 + high) * adv)
     if is_weight is not None:
         surrogate = is_weight * surrogate
-    policy_loss = -aggregate(surrogate, mask, aggregation, max_new_tokens, num_tokens)
+    policy_loss = -reduce(surrogate, mask)
     clipped_high = (rho > 1.0 + high) & (adv > 0)  # [B, C]: the ratio rose past the upper clip on a good row
     clipped_low = (rho < 1.0 - clip_eps) & (adv < 0)  # fell past the lower clip on a bad row
-    return policy_loss, _ratio_stats(rho, clipped_low, clipped_high, mask, split_tokens)
+    return policy_loss, _ratio_stats(rho, clipped_low, clipped_high, mask, reduce.split_tokens)
 
 
 def cispo_term(
-    logp: Tensor,
-    old_logp: Tensor,
-    mask: Tensor,
-    advantages: Tensor,
-    clip_eps_high: float = 0.2,
-    ratio_level: str = "token",
-    aggregation: str = "seq_mean_token_mean",
-    max_new_tokens: int | None = None,
-    num_tokens: float | Tensor | None = None,
-    split_tokens: Tensor | None = None,
-    is_weight: Tensor | None = None,
-) -> tuple[Tensor, RatioStats]:
-    """CISPO's policy term `-aggregate(w * sg(min(rho, 1 + clip_eps_high)) * A_i * logp_it)` and its `RatioStats`:
+    logp: Tensor, old_logp: Tensor, mask: Tensor, advantages: Tensor, reduce: Reduction, clip_eps_high: float = 0.2,
+    ratio_level: str = "token", is_weight: Tensor | None = None,
+) -> tuple[Tensor, RatioStats]:  # fmt: skip
+    """CISPO's policy term `-reduce(w * sg(min(rho, 1 + clip_eps_high)) * A_i * logp_it)` and its `RatioStats`:
     `clip_fraction` = `clip_fraction_high`, the tokens whose weight the bound caps on a row with A > 0 (TRL's
     `cispo_clip_ratio`); `clip_fraction_low` 0 (no lower bound)."""
     rho = importance_ratio(logp, old_logp, mask, ratio_level)
@@ -152,9 +142,9 @@ def cispo_term(
     per_token = weight * adv * logp
     if is_weight is not None:
         per_token = is_weight * per_token
-    policy_loss = -aggregate(per_token, mask, aggregation, max_new_tokens, num_tokens)
+    policy_loss = -reduce(per_token, mask)
     capped = (rho > 1.0 + clip_eps_high) & (adv > 0)  # [B, C]
-    return policy_loss, _ratio_stats(rho, torch.zeros_like(capped), capped, mask, split_tokens)
+    return policy_loss, _ratio_stats(rho, torch.zeros_like(capped), capped, mask, reduce.split_tokens)
 
 
 def reinforce_loss(
@@ -185,7 +175,8 @@ def reinforce_loss(
     Returns:
         The scalar loss and detached stats `policy_loss`, `kl`.
     """
-    policy_loss = reinforce_term(logp, mask, advantages, aggregation, max_new_tokens, num_tokens, is_weight)
+    reduce = Reduction(aggregation, max_new_tokens, num_tokens, split_tokens)
+    policy_loss = reinforce_term(logp, mask, advantages, reduce, is_weight)
     kl_loss, kl = kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
     return policy_loss + kl_loss, {"policy_loss": policy_loss.detach(), "kl": kl.detach()}
 
@@ -223,10 +214,10 @@ def grpo_loss(
     Returns:
         The scalar loss and detached stats `policy_loss`, `kl` and those of `RatioStats`.
     """
+    reduce = Reduction(aggregation, max_new_tokens, num_tokens, split_tokens)
     policy_loss, ratio = clipped_term(
-        logp, old_logp, mask, advantages, clip_eps, clip_eps_high, ratio_level, aggregation, max_new_tokens,
-        num_tokens, split_tokens, is_weight,
-    )  # fmt: skip
+        logp, old_logp, mask, advantages, reduce, clip_eps, clip_eps_high, ratio_level, is_weight
+    )
     kl_loss, kl = kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
     return policy_loss + kl_loss, {"policy_loss": policy_loss.detach(), "kl": kl.detach(), **ratio.as_dict()}
 
@@ -254,10 +245,8 @@ def cispo_loss(
     capped weight. TRL 1.16's `loss_type="cispo"` with `epsilon_high = 1 + clip_eps_high` and the `token_mean`
     aggregation is the same loss. Arguments and stats as `grpo_loss`.
     """
-    policy_loss, ratio = cispo_term(
-        logp, old_logp, mask, advantages, clip_eps_high, ratio_level, aggregation, max_new_tokens, num_tokens,
-        split_tokens, is_weight,
-    )  # fmt: skip
+    reduce = Reduction(aggregation, max_new_tokens, num_tokens, split_tokens)
+    policy_loss, ratio = cispo_term(logp, old_logp, mask, advantages, reduce, clip_eps_high, ratio_level, is_weight)
     kl_loss, kl = kl_term(logp, ref_logp, mask, kl_coef, aggregation, num_tokens, split_tokens)
     return policy_loss + kl_loss, {"policy_loss": policy_loss.detach(), "kl": kl.detach(), **ratio.as_dict()}
 
@@ -329,6 +318,10 @@ class Objective(ABC):
         """The policy term of `micro` (a scalar with grad) from its log-probs `logp` `[b, w]`, each token's term
         multiplied by `weight` (`[b, w]` or `[b, 1]`; None: 1), and its ratio statistics (None without a ratio)."""
 
+    def reduction(self, micro: MicroBatch) -> Reduction:
+        """How `micro`'s policy term reduces: this objective's aggregation over the update's token counts."""
+        return Reduction(self.aggregation, self.max_new_tokens, micro.num_tokens, micro.split_tokens)
+
     def policy_weight(self, logp: Tensor, micro: MicroBatch) -> tuple[Tensor | None, Tensor | None]:
         """The weights of `micro`'s policy term (None: 1): the correction against the sampler times the off-policy
         sequence mask, and the share of rows the mask drops (None when it is off)."""
@@ -374,10 +367,10 @@ class ClippedSurrogate(Objective):
     ratio_level: str = "token"
 
     def policy_term(self, logp: Tensor, micro: MicroBatch, weight: Tensor | None) -> tuple[Tensor, RatioStats]:
-        rows = micro.rows
+        rows, reduce = micro.rows, self.reduction(micro)
         return clipped_term(
-            logp, micro.old_logp, rows.completion_mask, rows.advantages, self.clip_eps, self.clip_eps_high,
-            self.ratio_level, self.aggregation, self.max_new_tokens, micro.num_tokens, micro.split_tokens, weight,
+            logp, micro.old_logp, rows.completion_mask, rows.advantages, reduce, self.clip_eps, self.clip_eps_high,
+            self.ratio_level, weight,
         )  # fmt: skip
 
 
@@ -398,10 +391,10 @@ class CISPO(Objective):
     ratio_level: str = "token"
 
     def policy_term(self, logp: Tensor, micro: MicroBatch, weight: Tensor | None) -> tuple[Tensor, RatioStats]:
-        rows = micro.rows
+        rows, reduce = micro.rows, self.reduction(micro)
         return cispo_term(
-            logp, micro.old_logp, rows.completion_mask, rows.advantages, self.clip_eps_high, self.ratio_level,
-            self.aggregation, self.max_new_tokens, micro.num_tokens, micro.split_tokens, weight,
+            logp, micro.old_logp, rows.completion_mask, rows.advantages, reduce, self.clip_eps_high, self.ratio_level,
+            weight,
         )  # fmt: skip
 
 
@@ -414,10 +407,7 @@ class SequenceMean(Objective):
 
     def policy_term(self, logp: Tensor, micro: MicroBatch, weight: Tensor | None) -> tuple[Tensor, None]:
         rows = micro.rows
-        term = reinforce_term(
-            logp, rows.completion_mask, rows.advantages, self.aggregation, self.max_new_tokens, micro.num_tokens, weight
-        )
-        return term, None
+        return reinforce_term(logp, rows.completion_mask, rows.advantages, self.reduction(micro), weight), None
 
 
 # Short names for the objectives (`policy_loss` in the config): each maps to its class.
