@@ -150,7 +150,7 @@ def test_resume_skips_damaged_checkpoints_and_replays_each_iteration_once(tmp_pa
 def test_resuming_under_other_training_settings_stops_with_a_diff(tmp_path, random_model_dir, monkeypatch):
     fit(tmp_path, random_model_dir, "--model.init_args.iterations=1", *DIGITS)
     loaded = []
-    monkeypatch.setattr("llm_pg.modules.base.load_policy", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("llm_pg.modules.components.load_policy", lambda *a, **k: loaded.append(1))
     changed = ["--model.init_args.lr=1e-3", "--model.init_args.group_size=2", "--model.init_args.iterations=2"]
     with pytest.raises(RunDirError) as error:
         fit(tmp_path, random_model_dir, *changed, "--ckpt_path=last", *DIGITS)
