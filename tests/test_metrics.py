@@ -11,6 +11,7 @@ import torch
 from llm_pg.callbacks.rollout import RolloutCallback, Variants, apply_variants, rollout_metrics
 from llm_pg.core.objectives import grpo_loss, reinforce_loss
 from llm_pg.core.rollout import RolloutBatch
+from llm_pg.data.batches import PromptBatch, ScoredRollout
 from llm_pg.data.tasks.base import Score
 
 EOS = 2
@@ -121,10 +122,26 @@ def test_peak_memory_on_a_gpu_only(monkeypatch):
     trainer = SimpleNamespace(world_size=2)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**30 + 2**29)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: resets.append(device))
-    RolloutCallback().on_train_batch_end(trainer, module, None, None, 0)
+    RolloutCallback().on_train_batch_end(trainer, module, None, PromptBatch(0, []), 0)
     [(name, value, kw)] = logged
     assert name == "memory/peak_gb" and value == 3.5 and kw["reduce_fx"] == "max" and kw["sync_dist"]
     assert resets == [module.device]  # the next iteration's peak starts here
     logged.clear()
-    RolloutCallback().on_train_batch_end(trainer, SimpleNamespace(device=torch.device("cpu"), log=None), None, None, 0)
+    cpu = SimpleNamespace(device=torch.device("cpu"), log=None)
+    RolloutCallback().on_train_batch_end(trainer, cpu, None, PromptBatch(0, []), 0)
     assert logged == []
+
+
+def test_the_rollout_callback_moves_the_data_cursor_past_the_batches_its_rollout_used():
+    # Its one owner: the callback reads `next_batch` before the rollout and moves it once the iteration is trained,
+    # past every batch the rollout drew (here 3: a refill used stream batches 2 and 3).
+    from llm_pg.data.datamodule import PromptGroupDataModule
+    from llm_pg.data.tasks import FormatCopyTask
+
+    datamodule = PromptGroupDataModule(FormatCopyTask(), prompts_per_step=2)
+    datamodule.next_batch = 2
+    trainer = SimpleNamespace(datamodule=datamodule, world_size=1)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    batch = PromptBatch(2, [], ScoredRollout(rollout(), scores(), last_batch=3))
+    RolloutCallback().on_train_batch_end(trainer, module, None, batch, 0)
+    assert datamodule.next_batch == 4 and datamodule.state_dict()["next_batch"] == 4

@@ -164,9 +164,17 @@ class RolloutCallback(Callback):
         if module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(module.device)
 
-    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args) -> None:
-        """`memory/peak_gb` on a GPU: `torch.cuda.max_memory_allocated` since the previous iteration's reading (this
-        iteration's rollout and update, and the evaluation that ended the previous one), the max over ranks."""
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs, batch: PromptBatch, batch_idx: int
+    ) -> None:
+        """The iteration is trained: the data stream moves past the batches its rollout used
+        (`PromptGroupDataModule.mark_consumed`; the next checkpoint saves that position). This callback is the
+        cursor's one owner: it reads it before the rollout and moves it here.
+
+        Then `memory/peak_gb` on a GPU: `torch.cuda.max_memory_allocated` since the previous iteration's reading
+        (this iteration's rollout and update, and the evaluation that ended the previous one), the max over ranks."""
+        if batch.rollout is not None:
+            trainer.datamodule.mark_consumed(batch.rollout.last_batch)
         if module.device.type != "cuda":
             return
         peak = torch.cuda.max_memory_allocated(module.device) / 2**30

@@ -63,10 +63,10 @@ class EvalBatches(IterableDataset):
 class PromptGroupDataModule(L.LightningDataModule):
     """Seeded prompt batches of `prompts_per_step` examples for training; `task.eval_examples` for eval.
 
-    Resume: the training module calls `mark_consumed(k)` once it has used batches up to `k` (one per iteration, or
-    several with dynamic sampling's refill: the position counts every batch drawn); `state_dict()` saves the next
-    batch index and `load_state_dict()` restores it, so the rollout reads on from there. The counter is not advanced
-    when a batch is yielded, because Lightning fetches a batch ahead.
+    Resume: the rollout callback calls `mark_consumed(k)` once an iteration has trained on batches up to `k` (one
+    per iteration, or several with dynamic sampling's refill: the position counts every batch drawn);
+    `state_dict()` saves the next batch index and `load_state_dict()` restores it, so the rollout reads on from
+    there. The counter is not advanced when a batch is yielded, because Lightning fetches a batch ahead.
 
     Args:
         task: the task (`class_path` of a `llm_pg.data.tasks` class or your own `Task`, with its `init_args`).

@@ -360,7 +360,6 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         scheduler.step()
         self.iteration += 1
         self._check_divergence(grad_norms, metrics.get("train/loss", 0.0), metrics["train/lr"])
-        self.trainer.datamodule.mark_consumed(scored.last_batch)
         if self.iteration >= hp.iterations:
             self.trainer.should_stop = True
         distributed = self.trainer.world_size > 1
