@@ -99,7 +99,7 @@ def _trainer_and_module(iteration: int, total: int):
 
     # What training_step logged for the progress bar: its `eval_em` is the evaluation before this iteration's end.
     trainer = SimpleNamespace(loggers=[], progress_bar_metrics={"reward": 1.3, "eval_em": 0.375})
-    module = SimpleNamespace(iteration=iteration, hparams=SimpleNamespace(iterations=total), latest_eval={})
+    module = SimpleNamespace(iteration=iteration, total_iterations=total, latest_eval={})
     return trainer, module
 
 

@@ -351,7 +351,7 @@ class IterationCheckpoint(ModelCheckpoint):
         self._pending = self._unsaved = False
         self.saved_iteration = iteration
         if trainer.is_global_zero:
-            if iteration % self.every_n_iterations == 0 or iteration >= module.hparams.iterations:
+            if iteration % self.every_n_iterations == 0 or iteration >= module.total_iterations:
                 copy_checkpoint(last, directory / f"iter_{iteration:05d}.ckpt")
                 self._rotate(directory, module.divergence.healthy_iteration)
             self.last_model_path = str(last)

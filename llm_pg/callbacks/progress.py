@@ -40,7 +40,7 @@ class IterationProgressBar(RichProgressBar):
     @property
     def total_train_batches(self) -> int:
         """`model.iterations`: Lightning's hook for the bar's total (a finite total is what gives an ETA)."""
-        return self.trainer.lightning_module.hparams.iterations
+        return self.trainer.lightning_module.total_iterations
 
     def _get_train_description(self, current_epoch: int) -> str:
         return "iteration"
@@ -53,15 +53,13 @@ class IterationProgressBar(RichProgressBar):
             self.progress.reset(
                 self.train_progress_bar_id,
                 total=self.total_train_batches,
-                completed=min(module.iteration, module.hparams.iterations),
+                completed=min(module.iteration, module.total_iterations),
             )
             self.refresh()
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         # Lightning's bar shows `batch_idx + 1`; the iteration is what counts here (the same, except after a resume).
-        super().on_train_batch_end(
-            trainer, module, outputs, batch, min(module.iteration, module.hparams.iterations) - 1
-        )
+        super().on_train_batch_end(trainer, module, outputs, batch, min(module.iteration, module.total_iterations) - 1)
 
     def get_metrics(self, trainer: L.Trainer, module: L.LightningModule) -> dict:
         metrics = super().get_metrics(trainer, module)
@@ -101,7 +99,7 @@ class IterationLines(ProgressBar):
         self._first = module.iteration
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        now, total = time.monotonic(), module.hparams.iterations
+        now, total = time.monotonic(), module.total_iterations
         done = min(module.iteration, total)
         self._final_pending = self.enabled and done >= total
         if not self.enabled or self._final_pending or now - self._last < self.every_s:
@@ -114,7 +112,7 @@ class IterationLines(ProgressBar):
             self._print(trainer, module)
 
     def _print(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        now, total = time.monotonic(), module.hparams.iterations
+        now, total = time.monotonic(), module.total_iterations
         done = min(module.iteration, total)
         self._last = now
         per_iteration = (now - self._start) / max(done - self._first, 1)

@@ -258,6 +258,11 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         return None
 
     @property
+    def total_iterations(self) -> int:
+        """The iterations this run trains (`iterations`): what the progress bar and the checkpoint callback count to."""
+        return self.hparams.iterations
+
+    @property
     def iteration_in_progress(self) -> int:
         """The iteration being sampled and trained now, 1-based: one past `iteration` (those completed, saved in
         checkpoints), so the number that its metrics row's `step` and its generations rows will carry."""
