@@ -25,8 +25,7 @@ from contextlib import nullcontext
 
 import torch
 
-from llm_pg.core.losses import completion_mask
-from llm_pg.core.objectives import grpo_loss
+from llm_pg.core.losses import completion_mask, grpo_loss
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.models.generation import Sampling, eos_token_ids, generate
 from llm_pg.models.loading import LoRA, load_policy, load_tokenizer, resolve_model_path

@@ -11,7 +11,7 @@ import torch
 from conftest import ROOT
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llm_pg.core.objectives import grpo_loss
+from llm_pg.core.losses import grpo_loss
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.data.isolation import TaskScorer
 from llm_pg.data.tasks import CalcArithTask, Example, Score, ToolError, ToolTask

@@ -19,8 +19,7 @@ from safetensors.torch import load_file
 from llm_pg.core.advantages import overlong_penalty
 from llm_pg.core.chunked_logprobs import chunked_target_logprobs
 from llm_pg.core.correction import off_policy_keep, sampler_is_weight
-from llm_pg.core.losses import differentiable_entropy, entropy_bonus
-from llm_pg.core.objectives import cispo_loss, grpo_loss
+from llm_pg.core.losses import cispo_loss, differentiable_entropy, entropy_bonus, grpo_loss
 from llm_pg.core.rollout import MicroBatch
 from llm_pg.core.schedule import lr_factor
 from llm_pg.modules import GRPOModule, ReinforceModule

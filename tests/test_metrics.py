@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from llm_pg.callbacks.rollout import RolloutCallback, Variants, apply_variants, rollout_metrics
-from llm_pg.core.objectives import grpo_loss, reinforce_loss
+from llm_pg.core.losses import grpo_loss, reinforce_loss
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.data.batches import PromptBatch, ScoredRollout
 from llm_pg.data.tasks.base import Score

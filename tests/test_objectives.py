@@ -6,18 +6,8 @@ import pytest
 import torch
 
 from llm_pg.core.correction import SamplerCorrection
-from llm_pg.core.losses import entropy_bonus, token_mean_share
-from llm_pg.core.objectives import (
-    CISPO,
-    GSPO,
-    OBJECTIVES,
-    ClippedSurrogate,
-    Objective,
-    SequenceMean,
-    cispo_loss,
-    grpo_loss,
-    reinforce_loss,
-)
+from llm_pg.core.losses import cispo_loss, entropy_bonus, grpo_loss, reinforce_loss, token_mean_share
+from llm_pg.core.objectives import CISPO, GSPO, OBJECTIVES, ClippedSurrogate, Objective, SequenceMean
 from llm_pg.core.rollout import MicroBatch, RolloutBatch
 
 

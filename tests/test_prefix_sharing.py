@@ -197,7 +197,7 @@ def test_grouped_forwards_with_split_token_counts_make_the_shuffled_splits_step(
     # statistics) of the shuffled split equals that of forwards over rows in rollout order once each row's token
     # means divide by its own micro-batch's tokens (split_tokens). Without split_tokens the KL mean of the
     # forward's rows weighs them otherwise, and the step differs.
-    from llm_pg.core.objectives import grpo_loss
+    from llm_pg.core.losses import grpo_loss
 
     torch.manual_seed(0)
     logp = (torch.randn(8, 6) - 2).requires_grad_()

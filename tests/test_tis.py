@@ -13,7 +13,7 @@ import torch
 from conftest import fit
 
 from llm_pg.core.correction import SamplerCorrection, sampler_is_weight, sampler_weight
-from llm_pg.core.objectives import grpo_loss, reinforce_loss
+from llm_pg.core.losses import grpo_loss, reinforce_loss
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.engines.health import MismatchTrend, SamplerHealth, logprob_mismatch, tis_metrics
 from llm_pg.modules import GRPOModule

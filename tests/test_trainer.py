@@ -10,7 +10,8 @@ from conftest import fit
 from test_logprobs import alone_logprobs
 from transformers import AutoModelForCausalLM
 
-from llm_pg.core.objectives import Objective, grpo_loss
+from llm_pg.core.losses import grpo_loss
+from llm_pg.core.objectives import Objective
 
 DIGITS = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
 

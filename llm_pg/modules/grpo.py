@@ -28,7 +28,8 @@ unless `reuse_first_pass_logp: true` trades that exactness for one forward pass 
 
 from __future__ import annotations
 
-from llm_pg.core.objectives import CISPO, ClippedSurrogate, Objective, PolicyLoss, RatioLevel
+from llm_pg.core.losses import RatioLevel
+from llm_pg.core.objectives import CISPO, ClippedSurrogate, Objective, PolicyLoss
 from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.modules.logprobs import has_dropout
 from llm_pg.modules.settings import check_grpo_settings

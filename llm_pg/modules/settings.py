@@ -11,8 +11,8 @@ from typing import Any, Literal, get_args
 
 from llm_pg.core.advantages import ADVANTAGE_ESTIMATORS
 from llm_pg.core.correction import SAMPLER_IS_MODES
-from llm_pg.core.losses import LOSS_AGGREGATIONS
-from llm_pg.core.objectives import POLICY_LOSSES, RATIO_LEVELS
+from llm_pg.core.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
+from llm_pg.core.objectives import POLICY_LOSSES
 from llm_pg.core.schedule import LR_SCHEDULES
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # float16 would need loss scaling, which the update loop does not do
