@@ -13,7 +13,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from enum import Enum
 
 import lightning as L
 import torch
@@ -46,6 +46,14 @@ class Variants:
     overlong_penalty: float = 1.0
 
 
+class OldPass(Enum):
+    """When the rollout runs the no-grad pass that makes pi_old."""
+
+    ALWAYS = "always"  # GRPO, unless its update takes pi_old from its first pass
+    WITH_ENGINE_LOGPROBS = "with_engine_logprobs"  # REINFORCE: only to compare with the engine's own log-probs
+    NEVER = "never"  # the update takes pi_old from its first pass
+
+
 @dataclass(frozen=True)
 class RolloutContext:
     """What every rollout of a fit needs, built once by the module (`PolicyGradientModule.rollout_context`).
@@ -55,14 +63,12 @@ class RolloutContext:
         sampling: the rollout's sampling settings.
         variants: the rollout-side options.
         prompts_per_step: prompts per iteration on this rank.
-        seed: the run's seed; with the iteration and `rank` it seeds each sampling round.
-        rank: this process's global rank.
-        ranks: the ranks a failure must stop together.
+        seed: the run's seed; with the iteration and this rank (`ranks.rank`) it seeds each sampling round.
+        ranks: this process's rank, and the ranks a failure must stop together.
         pad: the pad id (`llm_pg.models.generation.pad_token_id`).
         pi_old: the no-grad pass of the policy that makes pi_old (`LogProbs.no_grad`).
         pi_ref: the no-grad pass of the reference, or None (`kl_coef` 0).
-        old_pass: when the rollout runs `pi_old`: `always` (GRPO unless its update takes pi_old from its first
-            pass), `with_engine_logprobs` (REINFORCE: only to compare with the engine's own log-probs), or `never`.
+        old_pass: when the rollout runs `pi_old` (`OldPass`).
     """
 
     sampler: Sampler
@@ -70,12 +76,11 @@ class RolloutContext:
     variants: Variants
     prompts_per_step: int
     seed: int
-    rank: int
     ranks: Ranks
     pad: int
     pi_old: Callable[[RolloutBatch], Tensor]
     pi_ref: Callable[[RolloutBatch], Tensor] | None = None
-    old_pass: Literal["always", "with_engine_logprobs", "never"] = "never"
+    old_pass: OldPass = OldPass.NEVER
 
 
 def with_component(scores: list[Score], name: str, values: list[float]) -> list[Score]:
@@ -133,7 +138,7 @@ class RolloutCallback(Callback):
         for round_ in range(1, variants.max_sampling_rounds + 1):
             position = first + round_ - 1
             drawn = batch.examples if batch.index == position else datamodule.prompt_batch(position).examples
-            seed = derive_seed(context.seed, iteration, context.rank, "sample", *([round_] if round_ > 1 else []))
+            seed = derive_seed(context.seed, iteration, context.ranks.rank, "sample", *([round_] if round_ > 1 else []))
             part, part_scores, seconds = sample_round(context, engine, drawn, seed, len(examples), iteration + 1)
             parts.append(part)
             scores += part_scores
@@ -142,7 +147,7 @@ class RolloutCallback(Callback):
             spread += int((~settled_groups(part.rewards, variants.group_size)).sum())
             if not refill or not reduced(trainer, int(spread < context.prompts_per_step), "max"):
                 break
-        rollout = parts[0] if len(parts) == 1 else concat_rollouts(parts, context.pad)
+        rollout = concat_rollouts(parts, context.pad)
         eos = context.sampler.eos
         metrics = rollout_metrics(rollout, scores, variants.group_size, eos, sampling_seconds)
         kept = None
@@ -188,8 +193,8 @@ def with_logprobs(context: RolloutContext, rollout: RolloutBatch) -> RolloutBatc
     """`rollout` with the no-grad log-probs the context asks for: pi_old (`old_pass`) and pi_ref (`pi_ref`)."""
     if not len(rollout):
         return rollout
-    old = context.old_pass == "always" or (
-        context.old_pass == "with_engine_logprobs" and rollout.sampled_logp is not None
+    old = context.old_pass is OldPass.ALWAYS or (
+        context.old_pass is OldPass.WITH_ENGINE_LOGPROBS and rollout.sampled_logp is not None
     )
     old_logp = context.pi_old(rollout) if old else None
     ref_logp = context.pi_ref(rollout) if context.pi_ref is not None else None

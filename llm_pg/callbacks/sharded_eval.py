@@ -60,8 +60,8 @@ class EvalContext:
         batch_rows: rows per generate call (`eval_batch_size`; None: the engine's own choice, `whole_set`).
         whole_set: the engine schedules its own batches (vLLM): without `batch_rows`, one call for the whole set.
         fallback_rows: rows per call otherwise (`logprob_batch_size`).
-        seed: the run's seed (pass@k's samples are seeded from it).
-        rank: this process's rank; ranks: the ranks the evaluation is sharded over.
+        seed: the run's seed (pass@k's samples are seeded from it, with this rank).
+        ranks: this process's rank, and the ranks the evaluation is sharded over.
     """
 
     sampler: Sampler
@@ -71,7 +71,6 @@ class EvalContext:
     whole_set: bool = False
     fallback_rows: int = 32
     seed: int = 0
-    rank: int = 0
     ranks: Ranks = field(default_factory=Ranks)
 
     def prompts_per_call(self, num_prompts: int, samples: int = 1) -> int:
@@ -100,7 +99,7 @@ def _sampled_sums(context: EvalContext, engine, examples: Sequence[Example], ite
                 batch,
                 context.sampling,
                 num_samples=k,
-                seed=derive_seed(context.seed, iteration, context.rank, start, "eval_samples"),
+                seed=derive_seed(context.seed, iteration, context.ranks.rank, start, "eval_samples"),
                 where=f"the evaluation at iteration {iteration}",
             ).texts
         except PromptTooLong as error:
@@ -162,7 +161,7 @@ def evaluate(context: EvalContext, engine, examples: Sequence[Example], iteratio
 
     Under DDP every rank must call this (it gathers); each decodes its slice and all return the same result.
     """
-    rank, world = context.rank, context.ranks.world_size
+    rank, world = context.ranks.rank, context.ranks.world_size
     shard = _evaluate_shard(context, engine, list(examples)[rank::world], iteration)
     parts = [shard]
     if world > 1:

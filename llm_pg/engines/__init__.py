@@ -10,7 +10,7 @@ Every engine has
 - `continue_ids(contexts, sampling, *, budgets, rows, seed)`: one continuation per token-id context (the turns of
   a tool task's episodes, `llm_pg.engines.episodes`), and its log-probs where the engine has them;
 - `load_weights(model)`: make the engine sample from `model`'s current weights;
-- `context`: the longest prompt plus completion it takes, in tokens (None: the model's own);
+- `context`: the longest prompt plus completion it takes, in tokens (None: unknown);
 - `schedules_batches`: whether it batches requests itself (an evaluation then sends the whole set in one call);
 - `describe()`: one line for the terminal at start.
 

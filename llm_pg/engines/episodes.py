@@ -44,13 +44,13 @@ class _Episodes:
     prompts: list[list[int]]
     messages: list[list[dict]]
     environments: list
-    ids: list[list[int]] = field(default_factory=list)
-    loss: list[list[bool]] = field(default_factory=list)
-    logps: list[list[float]] = field(default_factory=list)
-    turns: list[list[str]] = field(default_factory=list)
-    calls: list[int] = field(default_factory=list)
-    errors: list[int] = field(default_factory=list)
-    truncated: list[bool] = field(default_factory=list)
+    ids: list[list[int]] = field(init=False)
+    loss: list[list[bool]] = field(init=False)
+    logps: list[list[float]] = field(init=False)
+    turns: list[list[str]] = field(init=False)
+    calls: list[int] = field(init=False)
+    errors: list[int] = field(init=False)
+    truncated: list[bool] = field(init=False)
     has_logps: bool = False
 
     def __post_init__(self) -> None:

@@ -292,6 +292,7 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
     def on_fit_start(self) -> None:
         if self.reference is not None:
             self.reference.to(self.device)
+        self._update = None  # the update's context holds the trainer it was built under: one per fit
 
     def on_train_start(self) -> None:
         if self.stop_reason is not None or not weights_finite(self.policy):  # never train on, or finish, a diverged run
@@ -338,8 +339,7 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         self.policy.train()
         start_time = time.perf_counter()
         optimizer = self.optimizers()
-        token_mean = hp.loss_aggregation == "token_mean"
-        update = run_update(self.update_context, rollout, optimizer, shuffle, token_mean)
+        update = run_update(self.update_context, rollout, optimizer, shuffle)
         self.optimizer_steps += update.steps_taken
         self.skipped_steps += update.steps_skipped
         grad_norms = update.grad_norms

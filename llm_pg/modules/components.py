@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from llm_pg.callbacks.rollout import RolloutContext, Variants
+from llm_pg.callbacks.rollout import OldPass, RolloutContext, Variants
 from llm_pg.callbacks.sharded_eval import EvalContext
 from llm_pg.core.rollout import RolloutBatch
 from llm_pg.engines import Engine, EngineSettings, build_engine
@@ -221,8 +221,9 @@ class FitComponents:
 
     @property
     def ranks(self) -> Ranks:
-        """The data-parallel ranks a failure stops together (`llm_pg.runs.guards.stop_together`)."""
-        return Ranks(self._trainer.world_size if self._trainer is not None else 1, self.device)
+        """This process's rank and the data-parallel ranks a failure stops together
+        (`llm_pg.runs.guards.stop_together`)."""
+        return Ranks(self.global_rank, self._trainer.world_size if self._trainer is not None else 1, self.device)
 
     def rollout_context(self, datamodule) -> RolloutContext:
         """What every rollout of this fit needs (`llm_pg.callbacks.rollout.RolloutContext`), built once by the
@@ -230,9 +231,9 @@ class FitComponents:
         hp = self.hparams
         sampler = self.sampler(datamodule)
         if self.needs_pi_old:
-            old_pass = "never" if self.pi_old_from_first_pass else "always"
+            old_pass = OldPass.NEVER if self.pi_old_from_first_pass else OldPass.ALWAYS
         else:
-            old_pass = "with_engine_logprobs"  # REINFORCE: pi_old only to compare with the engine's log-probs
+            old_pass = OldPass.WITH_ENGINE_LOGPROBS  # REINFORCE: pi_old only to compare with the engine's log-probs
         return RolloutContext(
             sampler=sampler,
             sampling=self.sampling(),
@@ -248,7 +249,6 @@ class FitComponents:
             ),
             prompts_per_step=hp.prompts_per_step,
             seed=hp.seed,
-            rank=self.global_rank,
             ranks=self.ranks,
             pad=pad_token_id(self.tokenizer, sampler.eos),
             pi_old=self.logprobs.no_grad,
@@ -267,7 +267,6 @@ class FitComponents:
             whole_set=self.engine.schedules_batches,
             fallback_rows=hp.logprob_batch_size,
             seed=hp.seed,
-            rank=self.global_rank,
             ranks=self.ranks,
         )
 

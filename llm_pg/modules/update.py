@@ -189,12 +189,11 @@ def _micro_step(
     state.micro_batches += 1
 
 
-def run_update(
-    context: UpdateContext, rollout: RolloutBatch, optimizer, shuffle: torch.Generator, token_mean: bool = False
-) -> UpdateResult:
-    """Train on `rollout` (`context.epochs` shuffled passes); returns the `UpdateResult`. `token_mean`: the
-    objective's aggregation is `token_mean` (each step's token count is then needed). A rollout with no rows makes no
+def run_update(context: UpdateContext, rollout: RolloutBatch, optimizer, shuffle: torch.Generator) -> UpdateResult:
+    """Train on `rollout` (`context.epochs` shuffled passes); returns the `UpdateResult`. Under the objective's
+    `token_mean` aggregation each step's completion tokens are counted first. A rollout with no rows makes no
     optimizer step."""
+    token_mean = context.objective.aggregation == "token_mean"
     needs_old = context.objective.needs_old_logp
     old_from_first_pass = needs_old and rollout.old_logp is None
     old = torch.zeros(rollout.completion_mask.shape, device=rollout.input_ids.device) if old_from_first_pass else None

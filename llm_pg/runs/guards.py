@@ -129,9 +129,10 @@ def _failure_text(name: str, failure: Failure, what_row: str, timeout: float) ->
 
 @dataclass(frozen=True)
 class Ranks:
-    """The data-parallel ranks a stop must reach: how many (`world_size`) and this rank's device, where the one
-    all-reduce of `stop_together` runs."""
+    """The data-parallel ranks: this process's `rank`, how many there are (`world_size`), and this rank's device,
+    where the one all-reduce of `stop_together` runs."""
 
+    rank: int = 0
     world_size: int = 1
     device: torch.device | str = "cpu"
 
