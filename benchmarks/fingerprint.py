@@ -61,7 +61,7 @@ def fingerprint(config: str, iterations: int | None, keep: Path | None) -> dict[
         runs = keep or Path(scratch)
         command = fit_command(runs, "fingerprint", iterations or 0, [], config=config)
         if iterations is None:  # the config's own iteration count and evaluation schedule
-            ours = ("--model.init_args.iterations=", "--model.init_args.eval_every=")
+            ours = ("--model.init_args.iterations=", "--model.init_args.evaluation.every=")
             command = [c for c in command if not c.startswith(ours)]
         done = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True)
         if done.returncode != 0:

@@ -72,8 +72,8 @@ HAS_VLLM=0
 TINY=(-m llm_pg.cli.fit fit --config configs/tiny/format_copy_grpo.yaml --wandb_project null
     --trainer.enable_progress_bar false --overwrite true)
 if ((SMOKE)); then
-    ACCEL=(--trainer.accelerator cpu --model.init_args.iterations 6 --model.init_args.eval_every 3)
-    VLLM_CPU=(--model.init_args.vllm_kv_cache_memory_bytes 67108864)
+    ACCEL=(--trainer.accelerator cpu --model.init_args.iterations 6 --model.init_args.evaluation.every 3)
+    VLLM_CPU=(--model.init_args.vllm.kv_cache_memory_bytes 67108864)
     BENCH=(--smoke --iterations 2 --eval-size 2)
 else
     ACCEL=(--trainer.accelerator gpu)

@@ -7,7 +7,7 @@
 No download: the model is built from Qwen2.5-Math-1.5B's config (below) with random weights and the tiny byte
 tokenizer (ids 0-259 of its 151,936-word vocabulary), saved to `--model-dir` (reused when it already holds one).
 What runs is the trainer itself: `llm-pg fit --config configs/math_hard/grpo.yaml` (its LoRA, batch sizes,
-`logprob_batch_size` 32, bf16 autocast, prefix sharing where the run has it, gradient checkpointing, KL) through
+`speed.logprob_batch_size` 32, bf16 autocast, prefix sharing where the run has it, gradient checkpointing, KL) through
 Lightning, with only these overrides: the random model, a stand-in task (`LongPromptTask`: ~300-token prompts, a
 reward with spread), completions forced to 512 tokens (`min_new_tokens`), `--iterations` iterations, an eval set of
 `--eval-size` prompts at the start and the end, and the engine. With `--engine vllm` the run also takes the fast
@@ -51,7 +51,7 @@ QWEN_MATH_15B = {
 SMOKE = {**QWEN_MATH_15B, "hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 2}
 SMOKE.update(num_attention_heads=4, num_key_value_heads=2, vocab_size=512)  # head dim 32 (vLLM's CPU minimum)
 STEM = "Let $f(x) = ax^3 + bx^2 + cx + d$ with real coefficients satisfy $f(1) = 2$, $f(2) = 11$, and "
-# The four course runs: iterations, evaluations (at 0, every eval_every, at the end), eval prompts, new tokens.
+# The four course runs: iterations, evaluations (at 0, every evaluation.every, at the end), eval prompts, new tokens.
 RUNS = {
     "math_hard_grpo": (501, 7, 512, 512),
     "math_hard_reinforce": (201, 4, 512, 512),
@@ -115,10 +115,10 @@ def fit_args(args, model_dir: Path, runs_root: Path) -> list[str]:
         f"--data.task.init_args.prompt_chars={40 if args.smoke else 250}",
         f"--data.task.init_args.eval_size={args.eval_size}",
         f"{init}iterations={args.iterations}",
-        f"{init}eval_every={args.iterations + 1}",  # evaluations at the start and the end only
+        f"{init}evaluation.every={args.iterations + 1}",  # evaluations at the start and the end only
         f"{init}min_new_tokens={tokens}",
         f"{init}max_new_tokens={tokens}",
-        f"{init}log_generations_every=0",
+        f"{init}log_generations.every=0",
         f"{init}rollout_engine={args.engine}",
         f"--checkpoint.every_n_iterations={args.iterations + 1}",
         f"--runs_root={runs_root}",
@@ -128,9 +128,10 @@ def fit_args(args, model_dir: Path, runs_root: Path) -> list[str]:
         f"--trainer.accelerator={'cpu' if args.smoke else 'gpu'}",
     ]
     if args.engine == "vllm":  # the fast variant's keys (configs/math_hard/grpo_vllm.yaml)
-        out += [f"{init}vllm_gpu_memory_utilization=0.3", f"{init}tis_cap=2.0"]
+        out += [f"{init}vllm.gpu_memory_utilization=0.3"]
+        out += [f"{init}correction.mode=token_truncate", f"{init}correction.max=2.0"]  # TIS, cap 2
         if args.smoke:  # vLLM's CPU build: a small fixed KV cache, a whole rollout's prefill in one step
-            out += [f"{init}vllm_kv_cache_memory_bytes={256 * 2**20}", f"{init}vllm_max_num_batched_tokens=16384"]
+            out += [f"{init}vllm.kv_cache_memory_bytes={256 * 2**20}", f"{init}vllm.max_num_batched_tokens=16384"]
     if args.smoke:
         out += [f"{init}dtype=float32"]
     return out

@@ -39,7 +39,8 @@ def fit_command(
     runs_root: Path, name: str, iterations: int, extra: list[str], resume: bool = False, config: str = CONFIG
 ) -> list[str]:
     command = [sys.executable, "-m", "llm_pg.cli.fit", "fit", f"--config={ROOT / config}", f"--runs_root={runs_root}"]
-    command += [f"--run_name={name}", f"--model.init_args.iterations={iterations}", "--model.init_args.eval_every=1000"]
+    command += [f"--run_name={name}", f"--model.init_args.iterations={iterations}"]
+    command += ["--model.init_args.evaluation.every=1000"]
     command += ["--wandb_project=null", "--trainer.enable_progress_bar=false", *extra]
     return command + (["--ckpt_path=last"] if resume else [])
 

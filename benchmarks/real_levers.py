@@ -44,21 +44,21 @@ REAL = [
     "--model.init_args.model_name_or_path=smollm2-135m-instruct",
     "--trainer.accelerator=cpu",
     "--model.init_args.dtype=float32",
-    "--model.init_args.gradient_checkpointing=false",
+    "--model.init_args.speed.gradient_checkpointing=false",
     "--model.init_args.warmup_steps=0",
-    "--model.init_args.eval_every=100000",  # evaluates at 0 and the end only: outside the timed span
+    "--model.init_args.evaluation.every=100000",  # evaluates at 0 and the end only: outside the timed span
     "--data.task.init_args.eval_size=8",
-    "--model.init_args.log_generations_every=0",
+    "--model.init_args.log_generations.every=0",
     "--wandb_project=null",
     "--trainer.enable_progress_bar=false",
 ]
 QWEN = [
     f"--config={ROOT / 'configs/qwen_cpu/math_grpo.yaml'}",  # its model, dtype auto, LoRA, rows and sampling
-    "--model.init_args.gradient_checkpointing=false",
+    "--model.init_args.speed.gradient_checkpointing=false",
     "--checkpoint.every_n_iterations=1000",
-    "--model.init_args.eval_every=100000",
+    "--model.init_args.evaluation.every=100000",
     "--data.task.init_args.eval_size=8",
-    "--model.init_args.log_generations_every=0",
+    "--model.init_args.log_generations.every=0",
     "--wandb_project=null",
     "--trainer.enable_progress_bar=false",
 ]
@@ -66,21 +66,21 @@ BASES = {"real": REAL, "qwen": QWEN}
 THREADS = 2
 M = "--model.init_args."
 LEVERS: dict[str, list[str]] = {  # name -> the flags that flip the lever away from llm_pg's default
-    "no_prefix_sharing": [f"{M}share_prompt_prefix=false"],  # training/log-prob forwards run each row's prompt
-    "per_row_dropout": [f"{M}share_prompt_dropout=false"],  # the course's mask per row: every row's prompt runs
-    "no_length_grouping": [f"{M}group_by_length=false"],  # only acts where prefix sharing does not
-    "no_chunked_head": [f"{M}logprob_chunk_size=0"],  # one LM-head call over all positions
-    "compiled_decoding": [f"{M}compile_generation=true"],
+    "no_prefix_sharing": [f"{M}speed.share_prompt_prefix=false"],  # training/log-prob forwards run each row's prompt
+    "per_row_dropout": [f"{M}speed.share_prompt_dropout=false"],  # the course's mask per row: every row's prompt runs
+    "no_length_grouping": [f"{M}speed.group_by_length=false"],  # only acts where prefix sharing does not
+    "no_chunked_head": [f"{M}speed.logprob_chunk_size=0"],  # one LM-head call over all positions
+    "compiled_decoding": [f"{M}speed.compile_generation=true"],
     "no_inplace_kv_cache": [],  # generate's own DynamicCache (llm_pg.models.decoding.reserved_cache patched out)
-    "checkpointing": [f"{M}gradient_checkpointing=true"],  # the course's setting
+    "checkpointing": [f"{M}speed.gradient_checkpointing=true"],  # the course's setting
     "threads1": ["--torch_threads=1"],
     "bf16_autocast": [f"{M}dtype=bfloat16"],  # opt-in: 8x slower matmuls on cores without avx512_bf16
     "float32": [f"{M}dtype=float32"],  # --model qwen's: its baseline is bf16 where the CPU has bf16 matmuls
     # opt-in, with .venv-vllm/bin/python: vLLM samples (LoRA served by vLLM, float32, eager, a 256 MiB KV cache)
     "vllm_engine": [
         f"{M}rollout_engine=vllm",
-        f"{M}vllm_kv_cache_memory_bytes=268435456",
-        f"{M}vllm_max_num_batched_tokens=8192",
+        f"{M}vllm.kv_cache_memory_bytes=268435456",
+        f"{M}vllm.max_num_batched_tokens=8192",
     ],
 }
 OPT_IN = {"bf16_autocast", "vllm_engine", "float32"}  # run only when --only names them (float32: --model qwen's)
@@ -121,7 +121,7 @@ def update_flops(run_dir: Path, completion_len: float) -> float:
     prompt = int(encode_prompts(load_tokenizer(path), [conversation])["attention_mask"].sum())  # as the rollout encodes
     groups, group = data["prompts_per_step"], args["group_size"]
     passes = 1 if model["class_path"].endswith("ReinforceModule") else args["ppo_epochs"]
-    per_token = 6 if args["gradient_checkpointing"] else 4
+    per_token = 6 if args["speed"]["gradient_checkpointing"] else 4
     return passes * per_token * matmul_parameters(path) * (groups * prompt + groups * group * completion_len)
 
 

@@ -102,7 +102,7 @@ def traced_fit(config: str, iteration: int) -> Tracer:
                     f"--runs_root={runs}",
                     "--run_name=trace",
                     f"--model.init_args.iterations={iteration}",
-                    "--model.init_args.eval_every=100000",
+                    "--model.init_args.evaluation.every=100000",
                     "--wandb_project=null",
                     "--trainer.enable_progress_bar=false",
                 ]

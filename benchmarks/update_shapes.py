@@ -5,18 +5,19 @@
 
 The update of configs/math_hard/grpo.yaml: 64 rows (8 prompts x G 8), 2 epochs, micro-batch 8 x accumulation 8
 (one step per pass), gradient checkpointing, LoRA r16 / alpha 32 / dropout 0.05 on the seven projections, KL 0.05,
-the pi_old and reference passes (`logprob_batch_size` 32). The model is a random Qwen2 (seed 0) with Qwen2.5's
+the pi_old and reference passes (`speed.logprob_batch_size` 32). The model is a random Qwen2 (seed 0) with Qwen2.5's
 vocabulary, 151,936 rows, tied embeddings, and a small body (hidden 64, 2 layers, 4 query / 2 key-value heads) so
 one update fits a CPU in minutes: the head is full-size, the body is not.
 
 Lengths (seeded): prompts uniform in 100-400 tokens, one per group of 8; completions 8-512 tokens, a quarter of them
 at the cap 512 (truncated, no EOS) and the rest uniform in 8-511 ending in EOS, as Qwen2.5-Math produces on MATH
 level 5 under `max_new_tokens: 512`. `--scale s` multiplies every length by s; `--rows` shrinks the rollout (a
-multiple of 8). The old path is `logprob_chunk_size: 0, group_by_length: false` (the keys turn each lever off);
-`old` and `new` draw a LoRA-dropout mask per row (`share_prompt_dropout: false`, the course's draw).
-`--share-prompt-dropout` adds a third side, `new_shared_dropout`: today's defaults (`share_prompt_dropout: true`), so
-the training forwards share each prompt (one LoRA-dropout mask per prompt) through the checkpointed layers
-(`llm_pg.models.cache.PromptCache`); `new` keeps a mask per row, so its training forwards run every row's prompt.
+multiple of 8). The old path is `speed: {logprob_chunk_size: 0, group_by_length: false}` (the keys turn each lever
+off); `old` and `new` draw a LoRA-dropout mask per row (`speed.share_prompt_dropout: false`, the course's draw).
+`--share-prompt-dropout` adds a third side, `new_shared_dropout`: today's defaults
+(`speed.share_prompt_dropout: true`), so the training forwards share each prompt (one LoRA-dropout mask per prompt)
+through the checkpointed layers (`llm_pg.models.cache.PromptCache`); `new` keeps a mask per row, so its training
+forwards run every row's prompt.
 
 Per phase (pi_old pass, reference pass, update): token positions the decoder processed against the real tokens of
 its rows, wall time, and peak memory. On the CPU memory is the process's resident set (each side in its own
@@ -126,9 +127,10 @@ def build_module(path: str, keys: dict, device: torch.device):
 
     lora = LoRA(r=16, alpha=32, dropout=0.05, target_modules=SEVEN)
     module = GRPOModule(
-        model_name_or_path=path, lora=lora, gradient_checkpointing=True, group_size=8, prompts_per_step=8,
+        model_name_or_path=path, lora=lora, group_size=8, prompts_per_step=8,
         minibatch_size=8, grad_accum_steps=8, ppo_epochs=2, kl_coef=0.05, clip_eps=0.2, lr=3e-5, max_grad_norm=0.5,
-        max_new_tokens=512, logprob_batch_size=32, dtype="bfloat16" if device.type == "cuda" else "float32", **keys,
+        max_new_tokens=512, dtype="bfloat16" if device.type == "cuda" else "float32",
+        speed={"gradient_checkpointing": True, "logprob_batch_size": 32, **keys},
     )  # fmt: skip
     module.compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     module.policy = load_policy(path, torch.float32, lora, True)

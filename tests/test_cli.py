@@ -167,8 +167,9 @@ def test_real_configs_are_the_course_commands(name):
         assert args[key] == value, key
     for key in ("iterations", "group_size", "min_new_tokens", "max_new_tokens", "grad_accum_steps"):
         assert args[key] == run[key], key
-    for key in ("warmup_steps", "eval_every", "ppo_epochs", "clip_eps"):
+    for key in ("warmup_steps", "ppo_epochs", "clip_eps"):
         assert args.get(key) == run[key], key
+    assert args["evaluation"]["every"] == run["eval_every"]
     assert config["data"]["prompts_per_step"] == run["prompts"]
     assert config["checkpoint"]["every_n_iterations"] == run["save"]
     # One optimizer step per pass, as in the course: prompts x G rows = minibatch x accumulation.
@@ -235,9 +236,9 @@ def test_progress_bar_counts_iterations_and_shows_reward_and_eval_em(tmp_path, r
     from llm_pg.callbacks.progress import IterationProgressBar
 
     monkeypatch.setenv("TTY_COMPATIBLE", "1")  # a terminal, as rich tells one
-    fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", "--model.init_args.eval_every=2")
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", "--model.init_args.evaluation.every=2")
     resume = ("--ckpt_path=last", "--model.init_args.iterations=4", "--trainer.enable_progress_bar=true")
-    cli = fit(tmp_path, random_model_dir, "--model.init_args.eval_every=2", *resume)
+    cli = fit(tmp_path, random_model_dir, "--model.init_args.evaluation.every=2", *resume)
     bar = cli.trainer.progress_bar_callback
     assert isinstance(bar, IterationProgressBar)
     task = bar.progress.tasks[bar.train_progress_bar_id]
@@ -289,12 +290,12 @@ def test_outside_a_terminal_progress_is_plain_lines(tmp_path, random_model_dir, 
     monkeypatch.setenv("TTY_COMPATIBLE", "0")
     monkeypatch.setattr(progress, "LINE_EVERY_S", 3600.0)  # an hour: only the last iteration's line
     bar = "--trainer.enable_progress_bar=true"
-    fit(tmp_path, random_model_dir, "--model.init_args.iterations=3", "--model.init_args.eval_every=2", bar)
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=3", "--model.init_args.evaluation.every=2", bar)
     first = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iteration ")]
     assert [line.split()[1:3] for line in first] == [["3/3", "(100%)"]]
     monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # a line after every iteration
     resume = ("--ckpt_path=last", "--model.init_args.iterations=5", bar)
-    cli = fit(tmp_path, random_model_dir, "--model.init_args.eval_every=2", *resume)
+    cli = fit(tmp_path, random_model_dir, "--model.init_args.evaluation.every=2", *resume)
     assert isinstance(cli.trainer.progress_bar_callback, progress.IterationLines)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iteration ")]
     assert [line.split()[1:3] for line in lines] == [["4/5", "(80%)"], ["5/5", "(100%)"]]  # the resumed attempt

@@ -1,6 +1,6 @@
-"""Compiled decoding (`compile_generation`, `llm_pg.models.decoding.compiled_forward`): HF generate's decode steps run
-through `torch.compile` over the reserved cache, with eager's logits to float rounding, without recompiling across
-batch sizes and lengths, and the model's own forward untouched outside sampling."""
+"""Compiled decoding (`speed.compile_generation`, `llm_pg.models.decoding.compiled_forward`): HF generate's decode
+steps run through `torch.compile` over the reserved cache, with eager's logits to float rounding, without
+recompiling across batch sizes and lengths, and the model's own forward untouched outside sampling."""
 
 import csv
 
@@ -189,14 +189,14 @@ def test_a_failed_compile_warns_once_and_decodes_eagerly(random_model_dir, monke
 
 
 def test_compile_generation_is_a_flag_for_the_hf_engine():
-    with pytest.raises(ValueError, match=r"^model.compile_generation must be true or false, got 'yes'; "):
-        GRPOModule(model_name_or_path="tiny", compile_generation="yes")
-    GRPOModule(model_name_or_path="tiny", compile_generation=True)
+    with pytest.raises(ValueError, match=r"^model.speed.compile_generation must be true or false, got 'yes'; "):
+        GRPOModule(model_name_or_path="tiny", speed={"compile_generation": "yes"})
+    assert GRPOModule(model_name_or_path="tiny", speed={"compile_generation": True}).speed.compile_generation
 
 
 def test_compile_generation_with_vllm_is_refused():
-    with pytest.raises(ValueError, match=r"^model.compile_generation=true compiles HF generate's decode steps"):
-        GRPOModule(model_name_or_path="tiny", rollout_engine="vllm", compile_generation=True)
+    with pytest.raises(ValueError, match=r"^model.speed.compile_generation=true compiles HF generate's decode steps"):
+        GRPOModule(model_name_or_path="tiny", rollout_engine="vllm", speed={"compile_generation": True})
 
 
 @pytest.mark.slow  # compiles (10-17 s here)
@@ -212,7 +212,7 @@ def test_a_fit_samples_compiled_and_trains_eagerly(tmp_path, random_model_dir, m
         return training_step(self, *args)
 
     monkeypatch.setattr(GRPOModule, "training_step", spy)
-    overrides = ["--model.init_args.iterations=2", "--model.init_args.compile_generation=true"]
+    overrides = ["--model.init_args.iterations=2", "--model.init_args.speed.compile_generation=true"]
     fit(tmp_path / "compiled", random_model_dir, *overrides)
     assert trained == [True, True] and len(compiled_calls) >= 2 * 7  # two rollouts of 8 tokens, and evaluations
     monkeypatch.setattr(GRPOModule, "training_step", training_step)

@@ -55,7 +55,7 @@ def test_ranks_get_disjoint_prompts():
 
 def test_val_dataloader_serves_the_eval_set_in_lists():
     task = FormatCopyTask(eval_size=10)
-    batches = list(PromptGroupDataModule(task, eval_batch_size=4).val_dataloader())
+    batches = list(PromptGroupDataModule(task, validate_batch_size=4).val_dataloader())
     assert [len(b) for b in batches] == [4, 4, 2]
     assert [e for b in batches for e in b] == task.eval_examples
 
@@ -71,7 +71,7 @@ def test_run_seed_reaches_the_task_eval_set():
     assert [e.answer for e in pinned.eval_examples[:2]] == ["-4143", "-615"]
 
 
-@pytest.mark.parametrize(("key", "value"), [("prompts_per_step", 0), ("eval_batch_size", 0)])
+@pytest.mark.parametrize(("key", "value"), [("prompts_per_step", 0), ("validate_batch_size", 0)])
 def test_invalid_arguments_name_the_key(key, value):
     with pytest.raises(ValueError, match=f"{key} must be >= 1"):
         PromptGroupDataModule(FormatCopyTask(), **{key: value})
@@ -129,7 +129,7 @@ def test_checkpoint_resume_replays_the_uninterrupted_stream(tmp_path):
 
 def test_lightning_validation_gets_the_whole_eval_set(tmp_path):
     module, task = RecordingModule(), ArithTask(eval_size=5)
-    make_trainer(tmp_path).validate(module, PromptGroupDataModule(task, eval_batch_size=2), verbose=False)
+    make_trainer(tmp_path).validate(module, PromptGroupDataModule(task, validate_batch_size=2), verbose=False)
     assert module.validated == [e.prompt for e in task.eval_examples]
 
 

@@ -36,8 +36,8 @@ COMMON = [
     f"--model.init_args.min_new_tokens={TOKENS}",
     f"--model.init_args.max_new_tokens={TOKENS}",
     "--model.init_args.iterations=2",
-    "--model.init_args.eval_every=100",
-    "--model.init_args.log_generations_every=0",
+    "--model.init_args.evaluation.every=100",
+    "--model.init_args.log_generations.every=0",
     "--wandb_project=null",
     "--trainer.enable_progress_bar=false",
 ]

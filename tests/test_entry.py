@@ -66,7 +66,7 @@ def test_fit_help_says_first_how_to_see_the_rl_keys(capsys, monkeypatch):
 @pytest.mark.parametrize(
     ("words", "key"),
     [
-        (["--model.help", "llm_pg.modules.GRPOModule"], "--model.eval_temperature"),
+        (["--model.help", "llm_pg.modules.GRPOModule"], "--model.evaluation.temperature"),
         (["--data.task.help", "llm_pg.data.tasks.FormatCopyTask"], "--data.task.eval_size"),
     ],
 )

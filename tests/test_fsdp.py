@@ -30,7 +30,7 @@ FSDP_RUN = [  # on top of test_ddp.COMMON: 2 micro-batches of 4 rows per optimiz
     "--data.prompts_per_step=2",
     "--model.init_args.minibatch_size=4",
     "--model.init_args.grad_accum_steps=2",
-    "--model.init_args.logprob_batch_size=2",
+    "--model.init_args.speed.logprob_batch_size=2",
     "--trainer.strategy=fsdp2",
 ]
 GEN_TOKENS = 12
@@ -179,7 +179,7 @@ def replay_one_process(
         *COMMON,
         "--data.prompts_per_step=4",
         "--model.init_args.minibatch_size=16",
-        "--model.init_args.logprob_batch_size=2",
+        "--model.init_args.speed.logprob_batch_size=2",
         *extra,
     ).model
     return single, norms

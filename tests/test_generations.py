@@ -1,4 +1,4 @@
-"""The sampled-generations table: whole prompt groups up to `log_generations_rows`, with the gold answer, reward
+"""The sampled-generations table: whole prompt groups up to `log_generations.rows`, with the gold answer, reward
 components, correct, advantage, length and truncation; the same rows in generations.jsonl and the W&B table."""
 
 import dataclasses
@@ -123,6 +123,6 @@ def test_eval_completions_go_to_wandb_as_a_table(tmp_path, monkeypatch):
 def test_log_generations_rows_is_validated_in_one_line(value):
     from llm_pg.modules import GRPOModule
 
-    with pytest.raises(ValueError, match=r"^model\.log_generations_rows must be an integer >= 1, got .*; rows per"):
-        GRPOModule(log_generations_rows=value)
+    with pytest.raises(ValueError, match=r"^model\.log_generations\.rows must be an integer >= 1, got .*; rows per"):
+        GRPOModule(log_generations={"rows": value})
     assert check_settings  # the constructor runs llm_pg.modules.settings.check_settings

@@ -9,6 +9,7 @@ import inspect
 import math
 import textwrap
 from collections import defaultdict
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -20,9 +21,11 @@ from llm_pg.core.advantages import overlong_penalty
 from llm_pg.core.chunked_logprobs import chunked_target_logprobs
 from llm_pg.core.correction import off_policy_keep, sampler_is_weight
 from llm_pg.core.losses import cispo_loss, differentiable_entropy, entropy_bonus, grpo_loss
+from llm_pg.core.objectives import ClippedSurrogate, SequenceMean
 from llm_pg.core.rollout import MicroBatch
 from llm_pg.core.schedule import lr_factor
 from llm_pg.modules import GRPOModule, ReinforceModule
+from llm_pg.modules.groups import Correction
 from llm_pg.runs.config import config_changes
 
 VARIED = ["--data.task=test_variants.VariedTask", "--data.task.init_args.eval_size=4"]
@@ -67,10 +70,9 @@ def test_linear_and_cosine_decay_match_transformers_after_warmup(warmup):
         ({"lr_schedule": "exponential"}, "model.lr_schedule must be one of constant, linear, cosine"),
         ({"min_lr_ratio": 1.5, "lr_schedule": "cosine"}, "model.min_lr_ratio must be in [0, 1]"),
         ({"min_lr_ratio": 0.1}, "model.min_lr_ratio=0.1 means nothing with lr_schedule 'constant'"),
-        ({"entropy_coef": -0.1}, "model.entropy_coef must be >= 0 and < 1"),
         ({"overlong_buffer": 30, "max_new_tokens": 24}, "model.overlong_buffer must be an integer in [0, max_new"),
         ({"overlong_penalty": -1.0}, "model.overlong_penalty must be >= 0"),
-        ({"policy_loss": "ppo"}, "model.policy_loss must be one of clip, cispo"),
+        ({"objective": "ppo"}, "model.objective must be one of clip, gspo, cispo, sequence_mean"),
     ],
 )
 def test_bad_values_are_one_line_errors(settings, message):
@@ -79,15 +81,16 @@ def test_bad_values_are_one_line_errors(settings, message):
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
-def test_reinforce_takes_the_base_knobs_but_not_policy_loss():
-    module = ReinforceModule(model_name_or_path="tiny", lr_schedule="cosine", entropy_coef=0.01, overlong_buffer=4)
-    assert (module.hparams.lr_schedule, module.hparams.entropy_coef, module.hparams.overlong_buffer) == (
+def test_reinforce_takes_the_base_knobs_but_not_ppo_epochs():
+    objective = partial(SequenceMean, entropy_coef=0.01)
+    module = ReinforceModule(model_name_or_path="tiny", lr_schedule="cosine", objective=objective, overlong_buffer=4)
+    assert (module.hparams.lr_schedule, module.objective.entropy_coef, module.hparams.overlong_buffer) == (
         "cosine",
         0.01,
         4,
     )
     with pytest.raises(TypeError):
-        ReinforceModule(model_name_or_path="tiny", policy_loss="cispo")
+        ReinforceModule(model_name_or_path="tiny", ppo_epochs=2)
 
 
 def test_a_decaying_schedule_refuses_a_resume_with_other_iterations():
@@ -157,7 +160,7 @@ def test_an_entropy_bonus_run_logs_its_term_and_moves_the_weights_differently(tm
             tmp_path / name,
             random_model_dir,
             "--model.init_args.iterations=2",
-            f"--model.init_args.entropy_coef={coef}",
+            f"--model.init_args.objective.init_args.entropy_coef={coef}",
             *VARIED,
         )
         runs[name] = _train_rows(tmp_path / name / "run")
@@ -203,9 +206,9 @@ def test_cispo_is_its_formula_in_float64():
     assert stats["clip_fraction_low"].item() == 0.0
 
 
-def test_the_default_policy_loss_is_grpos_clipped_surrogate(tmp_path, random_model_dir):
+def test_the_default_objective_is_grpos_clipped_surrogate(tmp_path, random_model_dir):
     logp, old, mask, advantages, ref = _tensors()
-    assert GRPOModule(model_name_or_path="tiny").hparams.policy_loss == "clip"
+    assert type(GRPOModule(model_name_or_path="tiny").objective) is ClippedSurrogate
     cispo, _ = cispo_loss(logp, old, mask, advantages, ref, 0.2, 0.05)
     clip, _ = grpo_loss(logp, old, mask, advantages, ref, 0.2, 0.05)
     assert cispo.item() != clip.item()  # different objectives on off-policy tokens
@@ -215,7 +218,7 @@ def test_the_default_policy_loss_is_grpos_clipped_surrogate(tmp_path, random_mod
             tmp_path / loss,
             random_model_dir,
             "--model.init_args.iterations=2",
-            f"--model.init_args.policy_loss={loss}",
+            f"--model.init_args.objective={loss}",
             *VARIED,
         )
         rows[loss] = _train_rows(tmp_path / loss / "run")
@@ -374,39 +377,37 @@ def test_off_policy_mask_is_deepseeks_rule_and_equals_trls():
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"sampler_is_mode": "sequence_mask"}, "model.sampler_is_mode='sequence_mask' corrects for a rollout engine"),
-        ({"sampler_is_mode": "token_mask", "tis_cap": 2.0}, "model.tis_cap=2.0 is the shorthand of sampler_is_mode"),
-        (
-            {"sampler_is_min": 0.5},
-            "model.sampler_is_min / sampler_is_max bound the weight of sampler_is_mode, which is null",
-        ),
-        ({"sampler_is_mode": "token_mask", "sampler_is_max": 0.9}, "model.sampler_is_max must be >= 1, got 0.9; "),
-        ({"sampler_is_mode": "token_mask", "sampler_is_min": 0.0}, "model.sampler_is_min must be in (0, 1] or null"),
-        ({"sampler_is_mode": "tokens"}, "model.sampler_is_mode must be one of token_truncate, token_mask, "),
-        ({"off_policy_mask_threshold": -0.1}, "model.off_policy_mask_threshold must be >= 0, got -0.1; "),
+        ({"mode": "sequence_mask"}, "model.correction.mode='sequence_mask' corrects for a rollout engine"),
+        ({"min": 0.5}, "model.correction.min / correction.max bound the weight of correction.mode, which is null"),
+        ({"mode": "token_mask", "max": 0.9}, "model.correction.max must be >= 1, got 0.9; "),
+        ({"mode": "token_mask", "min": 0.0}, "model.correction.min must be in (0, 1] or null"),
+        ({"mode": "tokens"}, "model.correction.mode must be one of token_truncate, token_mask, "),
+        ({"off_policy_mask_threshold": -0.1}, "model.correction.off_policy_mask_threshold must be >= 0, got -0.1; "),
     ],
 )
 def test_bad_correction_settings_are_one_line_errors(settings, message):
     with pytest.raises(ValueError) as error:
-        GRPOModule(model_name_or_path="tiny", **settings)
+        GRPOModule(model_name_or_path="tiny", correction=settings)
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
 def test_reinforce_on_its_own_samples_refuses_the_off_policy_mask():
     with pytest.raises(
-        ValueError, match=r"^model\.off_policy_mask_threshold is set, but REINFORCE with rollout_engine"
+        ValueError, match=r"^model\.correction\.off_policy_mask_threshold is set, but an objective without a ratio"
     ):
-        ReinforceModule(model_name_or_path="tiny", off_policy_mask_threshold=0.5)
-    assert GRPOModule(model_name_or_path="tiny", off_policy_mask_threshold=0.5).sampler_correction is None
+        ReinforceModule(model_name_or_path="tiny", correction={"off_policy_mask_threshold": 0.5})
+    lax = Correction(off_policy_mask_threshold=0.5)
+    assert GRPOModule(model_name_or_path="tiny", correction=lax).sampler_correction is None
+    assert ReinforceModule(model_name_or_path="tiny", correction=lax, objective="clip").needs_pi_old  # has a ratio
 
 
-def test_the_defaults_weigh_nothing_and_tis_cap_is_token_truncate():
+def test_the_defaults_weigh_nothing_and_token_truncate_is_tis():
     module = GRPOModule(model_name_or_path="tiny")
     _, old, sampler, mask, advantages, _ = _sampler_tensors()
     rows = SimpleNamespace(old_logp=old, sampled_logp=sampler, completion_mask=mask, advantages=advantages)
     micro = MicroBatch(rows, old)
     assert module.objective.policy_weight(old, micro) == (None, None)  # is_weight=None: the course's path
-    capped = GRPOModule(model_name_or_path="tiny", tis_cap=1.5)
+    capped = GRPOModule(model_name_or_path="tiny", correction=Correction(mode="token_truncate", max=1.5))
     weight, _ = capped.objective.policy_weight(old, micro)
     assert torch.equal(weight, sampler_is_weight(old, sampler, mask, "token_truncate", 1.5))
 
@@ -417,8 +418,8 @@ def test_hf_runs_with_a_token_mode_or_a_lax_off_policy_mask_equal_a_plain_run_bi
     common = ["--model.init_args.iterations=2", *VARIED]
     runs = {
         "plain": [],
-        "mask": ["--model.init_args.sampler_is_mode=token_mask", "--model.init_args.sampler_is_min=0.5"],
-        "lax": ["--model.init_args.off_policy_mask_threshold=100"],
+        "mask": ["--model.init_args.correction.mode=token_mask", "--model.init_args.correction.min=0.5"],
+        "lax": ["--model.init_args.correction.off_policy_mask_threshold=100"],
     }
     weights, rows = {}, {}
     for name, extra in runs.items():
@@ -434,8 +435,8 @@ def test_hf_runs_with_a_token_mode_or_a_lax_off_policy_mask_equal_a_plain_run_bi
 def test_a_tight_off_policy_mask_drops_rows_in_the_second_epoch(tmp_path, random_model_dir):
     # GRPO with HF: pi_sampler = pi_old. The first epoch is on-policy (gap 0: nothing dropped); in the second the
     # policy has moved, and negative-advantage rows it now likes less than pi_old did (gap > 0) leave the policy term.
-    fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", "--model.init_args.off_policy_mask_threshold=0",
-        "--model.init_args.lr=3e-3", *VARIED)  # fmt: skip
+    mask = "--model.init_args.correction.off_policy_mask_threshold=0"
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", mask, "--model.init_args.lr=3e-3", *VARIED)
     rows = _train_rows(tmp_path / "run")
     assert all(0 < r["train/off_policy_masked_frac"] < 0.5 for r in rows), rows  # a mean over both epochs
 

@@ -7,7 +7,7 @@ import torch
 
 from llm_pg.core.correction import SamplerCorrection
 from llm_pg.core.losses import cispo_loss, entropy_bonus, grpo_loss, reinforce_loss, token_mean_share
-from llm_pg.core.objectives import CISPO, GSPO, OBJECTIVES, ClippedSurrogate, Objective, SequenceMean
+from llm_pg.core.objectives import CISPO, GSPO, OBJECTIVES, ClippedSurrogate, LossTerms, Objective, SequenceMean
 from llm_pg.core.rollout import MicroBatch, RolloutBatch
 
 
@@ -36,14 +36,15 @@ def _micro(split: bool = False, sampled: bool = False) -> tuple[torch.Tensor, to
 def test_each_objective_is_its_function_with_the_shared_kl(split):
     # `split`: the token means over each row's micro-batch of the update's split (its grouped forwards).
     logp, entropy, micro = _micro(split)
-    rows, kl, counts = micro.rows, {"kl_coef": 0.05}, {"split_tokens": micro.split_tokens}
+    rows, terms, counts = micro.rows, LossTerms(kl_coef=0.05, clip_eps=0.2), {"split_tokens": micro.split_tokens}
     args = (logp, micro.old_logp, rows.completion_mask, rows.advantages, rows.ref_logp)
     cases = [
-        (ClippedSurrogate(**kl, clip_eps=0.2, clip_eps_high=0.28), grpo_loss(*args, 0.2, 0.05, 0.28, **counts)),
-        (GSPO(**kl, clip_eps=0.2), grpo_loss(*args, 0.2, 0.05, ratio_level="sequence", **counts)),
-        (CISPO(**kl, clip_eps_high=0.3), cispo_loss(*args, clip_eps_high=0.3, kl_coef=0.05, **counts)),
+        (ClippedSurrogate(terms, clip_eps_high=0.28), grpo_loss(*args, 0.2, 0.05, 0.28, **counts)),
+        (GSPO(terms), grpo_loss(*args, 0.2, 0.05, ratio_level="sequence", **counts)),
+        (CISPO(terms, clip_eps_high=0.3), cispo_loss(*args, clip_eps_high=0.3, kl_coef=0.05, **counts)),
+        (CISPO(terms), cispo_loss(*args, clip_eps_high=0.2, kl_coef=0.05, **counts)),  # the cap: clip_eps
         (
-            SequenceMean(**kl),
+            SequenceMean(terms),
             reinforce_loss(logp, rows.completion_mask, rows.advantages, rows.ref_logp, 0.05, **counts),
         ),
     ]
@@ -63,8 +64,8 @@ def test_each_objective_is_its_function_with_the_shared_kl(split):
 
 def test_the_entropy_bonus_and_its_gradient_belong_to_the_objective():
     logp, entropy, micro = _micro()
-    plain = ClippedSurrogate(kl_coef=0.05)(logp, entropy, micro)
-    bonus = ClippedSurrogate(kl_coef=0.05, entropy_coef=0.01)(logp, entropy, micro)
+    plain = ClippedSurrogate(LossTerms(kl_coef=0.05))(logp, entropy, micro)
+    bonus = ClippedSurrogate(LossTerms(kl_coef=0.05), entropy_coef=0.01)(logp, entropy, micro)
     expected = entropy_bonus(entropy, micro.rows.completion_mask, 0.01)
     torch.testing.assert_close(bonus.loss, plain.loss - expected)
     assert plain.entropy_bonus is None and float(bonus.entropy_bonus) == pytest.approx(float(expected))
@@ -74,7 +75,7 @@ def test_the_entropy_bonus_and_its_gradient_belong_to_the_objective():
 
 def test_metric_names_are_spelled_out_and_token_mean_shares_scale_the_loss_terms():
     logp, entropy, micro = _micro()
-    out = ClippedSurrogate(kl_coef=0.05, entropy_coef=0.01)(logp, entropy, micro)
+    out = ClippedSurrogate(LossTerms(kl_coef=0.05), entropy_coef=0.01)(logp, entropy, micro)
     metrics = out.metrics()
     assert set(metrics) == {
         "train/loss", "train/policy_loss", "train/kl", "train/entropy", "train/entropy_bonus",
@@ -84,7 +85,7 @@ def test_metric_names_are_spelled_out_and_token_mean_shares_scale_the_loss_terms
     for name in ("train/loss", "train/policy_loss", "train/entropy_bonus"):
         assert float(scaled[name]) == pytest.approx(4 * float(metrics[name]))
     assert float(scaled["train/kl"]) == float(metrics["train/kl"])
-    assert set(SequenceMean()(logp, entropy, micro).metrics()) == {
+    assert set(SequenceMean(LossTerms())(logp, entropy, micro).metrics()) == {
         "train/loss",
         "train/policy_loss",
         "train/kl",
@@ -96,9 +97,10 @@ def test_the_sampler_weights_and_the_off_policy_mask_apply_to_every_objective():
     logp, entropy, micro = _micro(sampled=True)
     tis = SamplerCorrection("token_truncate", 1.1)
     for cls in (ClippedSurrogate, CISPO, SequenceMean):
-        plain, corrected = cls()(logp, entropy, micro), cls(correction=tis)(logp, entropy, micro)
+        plain = cls(LossTerms())(logp, entropy, micro)
+        corrected = cls(LossTerms(correction=tis))(logp, entropy, micro)
         assert float((plain.policy_loss - corrected.policy_loss).abs()) > 1e-4, cls.__name__
-        masked = cls(off_policy_threshold=-10.0)(logp, entropy, micro)  # every negative-advantage row leaves
+        masked = cls(LossTerms(off_policy_threshold=-10.0))(logp, entropy, micro)  # every negative-advantage row leaves
         assert float(masked.off_policy_masked_frac) == pytest.approx(0.5)
 
 
@@ -106,4 +108,4 @@ def test_short_names_map_to_the_classes():
     assert {"clip": ClippedSurrogate, "gspo": GSPO, "cispo": CISPO, "sequence_mean": SequenceMean} == OBJECTIVES
     assert all(issubclass(cls, Objective) for cls in OBJECTIVES.values())
     with pytest.raises(TypeError):
-        Objective()  # abstract: a loss defines its policy term
+        Objective(LossTerms())  # abstract: a loss defines its policy term

@@ -178,14 +178,14 @@ def test_a_checkpointed_run_with_sharing_trains_like_one_without(tmp_path, qwen_
 
     monkeypatch.setattr(logprobs, "_prompt_shared", recording)
     common = ["--model.init_args.iterations=3", "--model.init_args.grad_accum_steps=4"]
-    common += ["--model.init_args.kl_coef=0.05", "--model.init_args.gradient_checkpointing=true"]
+    common += ["--model.init_args.kl_coef=0.05", "--model.init_args.speed.gradient_checkpointing=true"]
     common += ["--data.task=test_variants.VariedTask", "--data.task.init_args.eval_size=4"]
     common += [f"--model.init_args.lora.r={lora}", "--model.init_args.lora.dropout=0.0"]
     common += ["--model.init_args.dtype=float32"]
     runs = {}
     for share in ("true", "false"):
         shared_in_graph.clear()
-        runs[share] = fit(tmp_path / share, qwen_model_dir, *common, f"--model.init_args.share_prompt_prefix={share}")
+        runs[share] = fit(tmp_path / share, qwen_model_dir, *common, f"--model.init_args.speed.share_prompt_prefix={share}")
         if share == "true":
             assert shared_in_graph.count(True) == 3 * 2 * 4  # iterations x epochs x forwards: every training forward
     weights = {share: {n: p.detach() for n, p in cli.model.policy.named_parameters()} for share, cli in runs.items()}

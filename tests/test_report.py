@@ -349,7 +349,7 @@ def swept(tmp_path_factory, random_model_dir):
         "model.init_args.iterations": 3,
         "data.task": "conftest.DigitTask",
         **{k: yaml.safe_load(v) for k, v in small.items()},
-        "model.init_args.eval_every": 2,
+        "model.init_args.evaluation.every": 2,
     }
     spec = {
         "base": str(ROOT / "configs/tiny/format_copy_grpo.yaml"),

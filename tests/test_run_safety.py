@@ -160,8 +160,14 @@ def test_resuming_under_other_training_settings_stops_with_a_diff(tmp_path, rand
 
 
 def test_allowed_resume_changes_are_not_reported():
-    stored = {"model": {"init_args": {"lr": 3e-4, "iterations": 2, "eval_every": 5}}, "trainer": {"devices": 1}}
-    current = {"model": {"init_args": {"lr": 3e-4, "iterations": 9, "eval_every": 1}}, "trainer": {"devices": 2}}
+    stored = {
+        "model": {"init_args": {"lr": 3e-4, "iterations": 2, "evaluation": {"every": 5}}},
+        "trainer": {"devices": 1},
+    }
+    current = {
+        "model": {"init_args": {"lr": 3e-4, "iterations": 9, "evaluation": {"every": 1}}},
+        "trainer": {"devices": 2},
+    }
     current["checkpoint"] = {"keep_last": 5}
     assert config_changes(stored, current) == ["trainer.devices: 1 -> 2"]
     # A key newer than the checkpoint is no change at its default (it reproduces the older code), else it is one.
@@ -171,18 +177,6 @@ def test_allowed_resume_changes_are_not_reported():
     assert config_changes(stored, current, {"model.init_args.advantage": "grpo"}) == [
         "model.init_args.advantage: <unset> -> rloo"
     ]
-
-
-def test_a_reinforce_checkpoint_holding_the_retired_grpo_keys_resumes():
-    # ReinforceModule took ppo_epochs (1 only) and three GRPO keys (None only) until 2026-12-03; its checkpoints hold
-    # them, this run's config does not: no change. Another value (which the old code refused) would be one.
-    kept = {"lr": 3e-4}
-    retired = {"ppo_epochs": 1, "clip_eps_high": None, "ratio_level": None, "reuse_first_pass_logp": None}
-    current = {"model": {"class_path": "llm_pg.modules.ReinforceModule", "init_args": kept}}
-    stored = {"model": {"class_path": "llm_pg.modules.ReinforceModule", "init_args": kept | retired}}
-    assert config_changes(stored, current) == []
-    stored["model"]["init_args"]["ppo_epochs"] = 2
-    assert config_changes(stored, current) == ["model.init_args.ppo_epochs: 2 -> <unset>"]
 
 
 def test_class_defaults_come_from_the_configured_classes():

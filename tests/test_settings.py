@@ -1,11 +1,14 @@
 """Every `model.init_args` key is checked in the constructor, with one line naming the key, the value and a fix."""
 
 import importlib.util
+from functools import partial
 
 import pytest
 
+from llm_pg.core.objectives import CISPO, ClippedSurrogate, SequenceMean
 from llm_pg.models.loading import LoRA
 from llm_pg.modules import GRPOModule, ReinforceModule
+from llm_pg.modules.groups import Evaluation
 
 BAD = [  # (override, start of the message)
     ({"iterations": 0}, "model.iterations must be >= 1, got 0; "),
@@ -36,18 +39,24 @@ BAD = [  # (override, start of the message)
     ({"min_new_tokens": 25}, "model.min_new_tokens must be in [0, max_new_tokens=24], got 25; "),
     ({"min_new_tokens": -1}, "model.min_new_tokens must be in [0, max_new_tokens=24], got -1; "),
     ({"max_prompt_tokens": 0}, "model.max_prompt_tokens must be >= 1, got 0; "),
-    ({"eval_every": 0}, "model.eval_every must be >= 1, got 0; "),
-    ({"eval_max_new_tokens": 0}, "model.eval_max_new_tokens must be >= 1, got 0; "),
-    ({"logprob_batch_size": 0}, "model.logprob_batch_size must be >= 1, got 0; "),
-    ({"log_generations_every": -1}, "model.log_generations_every must be >= 0, got -1; "),
+    ({"evaluation": {"every": 0}}, "model.evaluation.every must be >= 1, got 0; "),
+    ({"evaluation": {"max_new_tokens": 0}}, "model.evaluation.max_new_tokens must be >= 1, got 0; "),
+    ({"evaluation": {"generate_batch_size": 0}}, "model.evaluation.generate_batch_size must be >= 1, got 0; "),
+    ({"speed": {"logprob_batch_size": 0}}, "model.speed.logprob_batch_size must be >= 1, got 0; "),
+    ({"speed": {"share_prompt_prefix": "yes"}}, "model.speed.share_prompt_prefix must be true or false, got 'yes'; "),
+    ({"log_generations": {"every": -1}}, "model.log_generations.every must be >= 0, got -1; "),
+    ({"log_generations": {"rows": 0}}, "model.log_generations.rows must be an integer >= 1, got 0; "),
+    ({"evaluation": {"evry": 1}}, "model.evaluation.evry is not a key of evaluation; its keys: every, "),
+    ({"clip_eps": 1.0}, "model.clip_eps must be in (0, 1), got 1.0; "),
     ({"seed": -1}, "model.seed must be >= 0, got -1; "),
     ({"dtype": "float16"}, "model.dtype must be one of ('float32', 'bfloat16'), got 'float16'; "),
     ({"dtype": "bf16"}, "model.dtype must be one of ('float32', 'bfloat16'), got 'bf16'; "),
     ({"advantage": "ppo"}, "model.advantage must be one of grpo, dr_grpo, rloo, reinforce_pp, got 'ppo'; "),
     (
-        {"loss_aggregation": "sum"},
-        "model.loss_aggregation must be one of seq_mean_token_mean, token_mean, seq_mean_token_sum_norm, got 'sum'; ",
+        {"objective": {"class_path": "clip", "init_args": {}}},
+        "model.objective must be an objective class (class_path) or a short name, got {'class_path'",
     ),
+    ({"objective": "ppo"}, "model.objective must be one of clip, gspo, cispo, sequence_mean or a class of "),
     ({"filter_zero_std_groups": "yes"}, "model.filter_zero_std_groups must be true or false, got 'yes'; "),
     ({"mask_truncated": 1}, "model.mask_truncated must be true or false, got 1; "),
     ({"max_sampling_rounds": 0}, "model.max_sampling_rounds must be an integer >= 1, got 0; "),
@@ -57,13 +66,13 @@ BAD = [  # (override, start of the message)
         "model.max_sampling_rounds=3 refills the groups that filter_zero_std_groups drops, but "
         "filter_zero_std_groups is false: ",
     ),
-    ({"eval_samples": -1}, "model.eval_samples must be an integer >= 0, got -1; "),
-    ({"eval_samples": 2.5}, "model.eval_samples must be an integer >= 0, got 2.5; "),
-    ({"eval_temperature": 0.0}, "model.eval_temperature must be > 0, got 0.0; "),
+    ({"evaluation": {"samples": -1}}, "model.evaluation.samples must be an integer >= 0, got -1; "),
+    ({"evaluation": {"samples": 2.5}}, "model.evaluation.samples must be an integer >= 0, got 2.5; "),
+    ({"evaluation": {"temperature": 0.0}}, "model.evaluation.temperature must be > 0, got 0.0; "),
     ({"rollout_engine": "sglang"}, "model.rollout_engine must be one of hf, vllm, got 'sglang'; "),
-    ({"vllm_gpu_memory_utilization": 1.0}, "model.vllm_gpu_memory_utilization must be in (0, 1), got 1.0; "),
-    ({"vllm_kv_cache_memory_bytes": 0}, "model.vllm_kv_cache_memory_bytes must be >= 1, got 0; "),
-    ({"vllm_max_num_batched_tokens": 0}, "model.vllm_max_num_batched_tokens must be >= 1, got 0; "),
+    ({"vllm": {"gpu_memory_utilization": 1.0}}, "model.vllm.gpu_memory_utilization must be in (0, 1), got 1.0; "),
+    ({"vllm": {"kv_cache_memory_bytes": 0}}, "model.vllm.kv_cache_memory_bytes must be >= 1, got 0; "),
+    ({"vllm": {"max_num_batched_tokens": 0}}, "model.vllm.max_num_batched_tokens must be >= 1, got 0; "),
     ({"lora": LoRA(r=-1)}, "model.lora.r must be >= 0, got -1; "),
     ({"lora": LoRA(r=8, alpha=0)}, "model.lora.alpha must be > 0, got 0; "),
     ({"lora": LoRA(r=8, dropout=1.0)}, "model.lora.dropout must be in [0, 1), got 1.0; "),
@@ -85,10 +94,8 @@ def test_bad_value_names_key_value_and_fix(override, message):
     ("override", "message"),
     [
         ({"ppo_epochs": 0}, "model.ppo_epochs must be >= 1, got 0"),
-        ({"clip_eps": 1.0}, "model.clip_eps must be in (0, 1)"),
-        ({"clip_eps_high": 0.0}, "model.clip_eps_high must be > 0 or null, got 0.0"),
-        ({"ratio_level": "seq"}, "model.ratio_level must be one of token, sequence, got 'seq'"),
-        ({"reuse_first_pass_logp": "no"}, "model.reuse_first_pass_logp must be true or false, got 'no'"),
+        ({"objective": "sequence_mean"}, "model.objective=SequenceMean has no ratio, and GRPO reuses each rollout"),
+        ({"speed": {"reuse_first_pass_logp": "no"}}, "model.speed.reuse_first_pass_logp must be true or false"),
     ],
 )
 def test_grpo_keys(override, message):
@@ -101,20 +108,37 @@ def test_good_edge_values_pass():
         model_name_or_path="tiny",
         min_new_tokens=24,
         max_prompt_tokens=1,
-        log_generations_every=0,
+        log_generations={"every": 0, "rows": 1},
         kl_coef=0.0,
         logprob_temperature=None,
         dtype="bfloat16",
         lora=LoRA(r=0, dropout=0.0),
-        clip_eps_high=0.28,
-        ratio_level="sequence",
+        objective=partial(CISPO, clip_eps_high=0.28, ratio_level="sequence", aggregation="seq_mean_token_sum_norm"),
         advantage="reinforce_pp",
-        loss_aggregation="seq_mean_token_sum_norm",
         filter_zero_std_groups=True,
         mask_truncated=True,
-        eval_samples=1,
-        eval_temperature=0.7,
+        evaluation=Evaluation(samples=1, temperature=0.7, generate_batch_size=1),
     )
+
+
+@pytest.mark.parametrize(
+    ("objective", "message"),
+    [
+        (partial(ClippedSurrogate, clip_eps_high=0.0), "model.objective.init_args.clip_eps_high must be > 0 or null"),
+        (partial(CISPO, ratio_level="seq"), "model.objective.init_args.ratio_level must be one of token, sequence"),
+        (partial(SequenceMean, aggregation="sum"), "model.objective.init_args.aggregation must be one of seq_mean_tok"),
+        (partial(SequenceMean, entropy_coef=-0.1), "model.objective.init_args.entropy_coef must be >= 0 and < 1"),
+    ],
+)
+def test_the_objectives_own_keys(objective, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ReinforceModule(model_name_or_path="tiny", objective=objective)
+
+
+def test_reinforce_takes_an_objective_with_a_ratio_and_then_needs_pi_old():
+    assert not ReinforceModule(model_name_or_path="tiny").needs_pi_old
+    module = ReinforceModule(model_name_or_path="tiny", objective="clip", clip_eps=0.1)
+    assert module.needs_pi_old and module.objective.terms.clip_eps == 0.1 and module.epochs == 1
 
 
 def test_vllm_engine_without_vllm_installed_says_how_to_install_it():

@@ -23,7 +23,7 @@ def csv_columns(path) -> dict[str, dict[int, float]]:
 def finished(tmp_path_factory, random_model_dir):
     """A 4-iteration GRPO run, evaluated at 0, 2 and 4, on a random model (its rewards vary within groups)."""
     root = tmp_path_factory.mktemp("summary")
-    cli = fit(root, random_model_dir, "--model.init_args.iterations=4", "--model.init_args.eval_every=2")
+    cli = fit(root, random_model_dir, "--model.init_args.iterations=4", "--model.init_args.evaluation.every=2")
     return cli, root / "run"
 
 

@@ -148,6 +148,7 @@ def _expanded(path, monkeypatch):
 
 def _parse_with_the_real_cli(runs, sweep, capsys):
     from llm_pg.cli.fit import run_cli
+    from llm_pg.runs.spelling import OBJECTIVE_PATHS
 
     for run in (r for r in runs if r.seed == sweep["seeds"][0]):
         with pytest.raises(SystemExit) as exit_info:
@@ -159,6 +160,8 @@ def _parse_with_the_real_cli(runs, sweep, capsys):
             node = printed
             for part in key.split("."):
                 node = node[part]
+            if key.endswith(".objective") and value in OBJECTIVE_PATHS:  # a short name: its class, with the defaults
+                node, value = node["class_path"], OBJECTIVE_PATHS[value]
             assert node == value, (run.name, key)
 
 

@@ -1,6 +1,7 @@
-"""Truncated importance sampling against the rollout engine (`tis_cap`) and the sampler-health figures.
+"""Truncated importance sampling against the rollout engine (`correction: {mode: token_truncate, max: C}`) and the
+sampler-health figures.
 
-Weights and losses are checked against values worked out by hand; the trainer test shows that `tis_cap` under the
+Weights and losses are checked against values worked out by hand; the trainer test shows that TIS under the
 HF engine (sampler = pi_old, every weight exactly 1) leaves a run as it was. The stale-sampler test with vLLM is in
 tests/test_vllm.py.
 """
@@ -145,12 +146,15 @@ def test_sampler_health_warns_through_the_callback():
     for scale in (0.01, 0.01, 0.05, 0.05):
         metrics = health(_rollout(OLD, OLD - scale, MASK))
         assert metrics["rollout/logprob_mismatch_mean"] == pytest.approx(scale, rel=1e-5)
-    assert len(warnings) == 1 and "tis_cap" in warnings[0]
+    assert len(warnings) == 1 and "model.init_args.correction" in warnings[0]
 
 
 def test_a_cap_below_one_is_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"^model\.tis_cap must be >= 1, got 0\.5; "):
-        GRPOModule(tis_cap=0.5)
+    with pytest.raises(ValueError, match=r"^model\.correction\.max must be >= 1, got 0\.5; "):
+        GRPOModule(correction={"mode": "token_truncate", "max": 0.5})
+
+
+TIS = ["--model.init_args.correction.mode=token_truncate", "--model.init_args.correction.max=2.0"]
 
 
 def _logged(run_dir) -> list[dict]:
@@ -158,11 +162,11 @@ def _logged(run_dir) -> list[dict]:
         return [{k: float(v) for k, v in row.items() if v} for row in csv.DictReader(f)]
 
 
-def test_tis_cap_under_hf_leaves_the_run_unchanged(tmp_path, random_model_dir):
+def test_tis_under_hf_leaves_the_run_unchanged(tmp_path, random_model_dir):
     """HF samples with the policy itself, so each weight is exp(0) = 1: the same weights and rewards as the course."""
     digits = ["--data.task=conftest.DigitTask", "--model.init_args.iterations=2", "--model.init_args.lr=1e-2"]
     plain = fit(tmp_path / "plain", random_model_dir, *digits).model
-    capped = fit(tmp_path / "tis", random_model_dir, *digits, "--model.init_args.tis_cap=2.0").model
+    capped = fit(tmp_path / "tis", random_model_dir, *digits, *TIS).model
     for name, weight in plain.policy.state_dict().items():
         torch.testing.assert_close(capped.policy.state_dict()[name], weight, rtol=0, atol=1e-6)
     moved = max((w - plain.reference.state_dict()[n]).abs().max().item() for n, w in plain.policy.state_dict().items())

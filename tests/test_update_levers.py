@@ -103,15 +103,15 @@ def test_a_run_with_the_levers_trains_like_one_without(tmp_path, qwen_model_dir,
     from conftest import fit
 
     common = ["--model.init_args.iterations=3", "--model.init_args.grad_accum_steps=4"]
-    common += ["--model.init_args.kl_coef=0.05", "--model.init_args.gradient_checkpointing=true"]
+    common += ["--model.init_args.kl_coef=0.05", "--model.init_args.speed.gradient_checkpointing=true"]
     common += ["--data.task=test_variants.VariedTask", "--data.task.init_args.eval_size=4"]
     common += [
         f"--model.init_args.lora.r={lora}",
         "--model.init_args.lora.dropout=0.0",
         "--model.init_args.dtype=float32",
     ]
-    old = ["--model.init_args.logprob_chunk_size=0", "--model.init_args.group_by_length=false"]
-    new = ["--model.init_args.logprob_chunk_size=7"]
+    old = ["--model.init_args.speed.logprob_chunk_size=0", "--model.init_args.speed.group_by_length=false"]
+    new = ["--model.init_args.speed.logprob_chunk_size=7"]
     runs = {name: fit(tmp_path / name, qwen_model_dir, *common, *keys) for name, keys in (("old", old), ("new", new))}
     weights = {name: dict(cli.model.policy.named_parameters()) for name, cli in runs.items()}
     assert_moved(weights["old"], qwen_model_dir)  # three iterations of updates happened

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import math
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +18,7 @@ import llm_pg.modules.update as update
 from llm_pg.callbacks.rollout import apply_variants
 from llm_pg.callbacks.sharded_eval import pass_at_k
 from llm_pg.core.advantages import group_advantages, unsettled_rows
-from llm_pg.core.objectives import Objective
+from llm_pg.core.objectives import ClippedSurrogate, Objective, SequenceMean
 from llm_pg.core.rollout import RolloutBatch, concat_rollouts
 from llm_pg.data.tasks.base import Example, Score, Task
 from llm_pg.modules import GRPOModule, ReinforceModule, logprobs
@@ -254,7 +255,7 @@ def test_first_pass_gives_pi_old_exactly_without_dropout(tmp_path, random_model_
     # with sharing on, the no-grad pass runs 2 prompts per forward and a micro-batch 1, which rounds differently.
     monkeypatch.setattr(RolloutBatch, "trimmed", lambda self: self)
     one_step = ["--model.init_args.iterations=2", "--model.init_args.grad_accum_steps=4", *VARIED]
-    one_step.append(f"--model.init_args.share_prompt_prefix={share}")
+    one_step.append(f"--model.init_args.speed.share_prompt_prefix={share}")
     calls = _count_old_passes(monkeypatch)
     fit(tmp_path / "reuse", random_model_dir, *one_step)
     assert calls.count(False) == 0 and calls.count(True) == 2  # reference passes only
@@ -278,7 +279,7 @@ def test_lora_dropout_keeps_the_separate_pass_unless_switched(
     calls = _count_old_passes(monkeypatch)
     fit(tmp_path, random_model_dir, "--model.init_args.iterations=1", "--model.init_args.grad_accum_steps=4",
         "--model.init_args.lora.r=4", "--model.init_args.lora.dropout=0.1",
-        f"--model.init_args.reuse_first_pass_logp={switch}", *VARIED)  # fmt: skip
+        f"--model.init_args.speed.reuse_first_pass_logp={switch}", *VARIED)  # fmt: skip
     assert calls.count(False) == old_passes
 
 
@@ -315,7 +316,7 @@ def test_token_mean_under_accumulation_equals_one_micro_batch(tmp_path, eos_mode
     for aggregation in ("token_mean", "seq_mean_token_mean"):
         for name, (rows, accum) in splits.items():
             split = [f"--model.init_args.minibatch_size={rows}", f"--model.init_args.grad_accum_steps={accum}"]
-            aggregate = f"--model.init_args.loss_aggregation={aggregation}"
+            aggregate = f"--model.init_args.objective.init_args.aggregation={aggregation}"
             fit(tmp_path / f"{aggregation}_{name}", eos_model_dir, *common, *split, aggregate, config=config)
     token_split, token_whole, seq_split, seq_whole = grads
     torch.testing.assert_close(token_split, token_whole, rtol=1e-4, atol=1e-7)
@@ -413,7 +414,7 @@ def test_pass_at_k_table(n, c, k, by_hand):
 
 
 def test_eval_samples_log_pass_at_1_and_k(tmp_path, random_model_dir):
-    fit(tmp_path, random_model_dir, "--model.init_args.iterations=1", "--model.init_args.eval_samples=4", *VARIED)
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=1", "--model.init_args.evaluation.samples=4", *VARIED)
     evals = [r for r in _rows(tmp_path / "run") if "eval/exact_match" in r]
     assert len(evals) == 2
     for r in evals:  # 4 prompts x 4 samples: pass@1 in steps of 1/16, pass@4 in steps of 1/4, pass@4 >= pass@1
@@ -439,7 +440,7 @@ def test_an_evaluation_scores_each_completion_once_and_the_file_and_metrics_agre
     # calls; the metrics, the eval file and pass@k all use those scores (before, the greedy ones were scored 3 times).
     CountingTask.eval_scores = 0
     task = ["--data.task=test_variants.CountingTask", "--data.task.init_args.eval_size=4"]
-    fit(tmp_path, random_model_dir, "--model.init_args.iterations=1", "--model.init_args.eval_samples=3", *task)
+    fit(tmp_path, random_model_dir, "--model.init_args.iterations=1", "--model.init_args.evaluation.samples=3", *task)
     assert CountingTask.eval_scores == 2 * (4 + 12)
     rows = [json.loads(line) for line in (tmp_path / "run" / "eval" / "iter_00001.jsonl").read_text().splitlines()]
     final = [r for r in _rows(tmp_path / "run") if "eval/exact_match" in r][-1]
@@ -448,13 +449,13 @@ def test_an_evaluation_scores_each_completion_once_and_the_file_and_metrics_agre
     assert [r["reward"] for r in rows] == [_reward(r["completion"]) for r in rows]
 
 
-@pytest.mark.parametrize("key", ["ppo_epochs", "clip_eps", "clip_eps_high", "ratio_level", "reuse_first_pass_logp"])
-def test_reinforce_takes_no_grpo_key(key, capsys, monkeypatch, tmp_path):
+def test_reinforce_takes_no_grpo_key(capsys, monkeypatch, tmp_path):
     # Not in its signature (so not in its --help); set in a REINFORCE config, one line names the key and the fix.
     import inspect
 
     from llm_pg.cli.entry import main
 
+    key = "ppo_epochs"
     assert key not in inspect.signature(ReinforceModule).parameters and key in inspect.signature(GRPOModule).parameters
     assert key not in ReinforceModule(model_name_or_path="tiny").hparams
     monkeypatch.setenv("LLM_PG_DEBUG", "0")
@@ -466,22 +467,30 @@ def test_reinforce_takes_no_grpo_key(key, capsys, monkeypatch, tmp_path):
     assert f"model.{key} is a GRPOModule key" in line and "use llm_pg.modules.GRPOModule" in line
 
 
-def test_switching_a_grpo_config_to_reinforce_drops_the_grpo_keys(tmp_path, random_model_dir):
-    cli = fit(
-        tmp_path,
-        random_model_dir,
-        "--model.init_args.iterations=1",
-        "--model.init_args.clip_eps_high=0.28",
-        "--model.class_path=llm_pg.modules.ReinforceModule",
-        *VARIED,
-    )
-    assert type(cli.model) is ReinforceModule and "clip_eps_high" not in cli.model.hparams
-    assert "ppo_epochs" not in cli.model.hparams and cli.model.epochs == 1
+def test_switching_a_grpo_config_to_reinforce_drops_ppo_epochs_and_keeps_the_named_objective(
+    tmp_path, random_model_dir
+):
+    # The tiny GRPO config names its objective (ClippedSurrogate): REINFORCE then clips with it (one pass of one
+    # optimizer step: rho = 1 and the gradient is the sequence mean's); `objective: sequence_mean` is the course's.
+    for name, objective in (("named", []), ("course", ["--model.init_args.objective=sequence_mean"])):
+        cli = fit(
+            tmp_path / name,
+            random_model_dir,
+            "--model.init_args.iterations=1",
+            "--model.init_args.objective.init_args.clip_eps_high=0.28",
+            "--model.class_path=llm_pg.modules.ReinforceModule",
+            *objective,
+            *VARIED,
+        )
+        assert type(cli.model) is ReinforceModule and "ppo_epochs" not in cli.model.hparams and cli.model.epochs == 1
+        assert type(cli.model.objective) is (ClippedSurrogate if name == "named" else SequenceMean)
+    assert cli.model.objective.aggregation == "seq_mean_token_mean"
 
 
 def test_reinforce_takes_the_estimator_and_aggregation_keys():
-    module = ReinforceModule(model_name_or_path="tiny", advantage="rloo", loss_aggregation="token_mean")
-    assert module.hparams.advantage == "rloo" and module.hparams.loss_aggregation == "token_mean"
+    objective = partial(SequenceMean, aggregation="token_mean")
+    module = ReinforceModule(model_name_or_path="tiny", advantage="rloo", objective=objective)
+    assert module.hparams.advantage == "rloo" and module.objective.aggregation == "token_mean"
 
 
 def test_core_variant_functions_on_hand_built_tensors():

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.vllm
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 COPY = [[{"role": "user", "content": f"Copy: {n}"}] for n in (7, -123, 45, 999)]  # prompt lengths differ
 SETTINGS = {"dtype": torch.float32, "max_model_len": 256, "kv_cache_memory_bytes": 64 * 2**20, "enforce_eager": True}
-VLLM = ["--model.init_args.rollout_engine=vllm", f"--model.init_args.vllm_kv_cache_memory_bytes={64 * 2**20}"]
+VLLM = ["--model.init_args.rollout_engine=vllm", f"--model.init_args.vllm.kv_cache_memory_bytes={64 * 2**20}"]
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +282,7 @@ def test_rollout_batch_from_vllm_has_hfs_shapes_and_masks():
     rollouts = {}
     for engine in ("hf", "vllm"):
         module = ReinforceModule(
-            model_name_or_path="tiny", rollout_engine=engine, vllm_kv_cache_memory_bytes=64 * 2**20, **settings
+            model_name_or_path="tiny", rollout_engine=engine, vllm={"kv_cache_memory_bytes": 64 * 2**20}, **settings
         )
         module.configure_model()
         rollouts[engine] = _rollout(module, task, examples)
@@ -361,7 +361,7 @@ def test_lora_delta_below_bf16_resolution_reaches_vllm(coarse_dir):
 
 
 def test_stale_sampler_moves_the_tis_weights_and_the_cap_binds():
-    """REINFORCE with vLLM and tis_cap 2: vLLM is given weights other than the policy's (a stale or badly rounded
+    """REINFORCE with vLLM and TIS capped at 2: vLLM is given weights other than the policy's (a stale or badly rounded
     push), so the tokens it samples are off-policy for pi_old; the weights min(exp(old - sampled), 2) leave 1 and
     the cap binds on tokens pi_old likes far more than the sampler did."""
     task = FormatCopyTask(low=-999, high=999, system_prompt=None, prompt_template="Copy: {n}")
@@ -369,13 +369,13 @@ def test_stale_sampler_moves_the_tis_weights_and_the_cap_binds():
     module = ReinforceModule(
         model_name_or_path="tiny",
         rollout_engine="vllm",
-        vllm_kv_cache_memory_bytes=64 * 2**20,
+        vllm={"kv_cache_memory_bytes": 64 * 2**20},
         dtype="float32",
         group_size=3,
         prompts_per_step=4,
         minibatch_size=4,
         temperature=1.0,
-        tis_cap=2.0,
+        correction={"mode": "token_truncate", "max": 2.0},
     )
     module.configure_model()
     fresh = _rollout(module, task, examples)  # the engine got the policy's weights: every weight ~1
@@ -418,9 +418,9 @@ def test_runs_with_sequence_level_corrections_and_the_off_policy_mask(tmp_path, 
     the off-policy mask too: they train and log their figures (the weights' arithmetic is checked above)."""
     common = ["--model.init_args.iterations=2", "--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
     runs = {
-        "truncate": ["--model.init_args.sampler_is_mode=sequence_truncate"],
-        "mask": ["--model.init_args.sampler_is_mode=sequence_mask", "--model.init_args.sampler_is_min=0.5",
-                 "--model.init_args.off_policy_mask_threshold=0.5"],
+        "truncate": ["--model.init_args.correction.mode=sequence_truncate"],
+        "mask": ["--model.init_args.correction.mode=sequence_mask", "--model.init_args.correction.min=0.5",
+                 "--model.init_args.correction.off_policy_mask_threshold=0.5"],
     }  # fmt: skip
     for name, extra in runs.items():
         module = fit(tmp_path / name, random_dir, *common, *extra, *VLLM).model

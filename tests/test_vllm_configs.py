@@ -1,6 +1,6 @@
 """The fast variants of the course's four runs (`configs/*/*_vllm.yaml`): the course config plus the vLLM engine,
-its memory share, one-call evaluation and `tis_cap`, and nothing else; each opens with its commands, and
-docs/runs.md gives the Modal command of each."""
+its memory share, one-call evaluation and truncated importance sampling (`correction`), and nothing else; each opens
+with its commands, and docs/runs.md gives the Modal command of each."""
 
 import importlib.util
 import sys
@@ -10,12 +10,29 @@ import yaml
 from conftest import ROOT
 
 from llm_pg.cli.fit import LLMPGCLI
+from llm_pg.core.correction import SamplerCorrection
 from llm_pg.data.datamodule import PromptGroupDataModule
 from llm_pg.modules import PolicyGradientModule
 
 COURSE_RUNS = ["format_copy/grpo", "format_copy/reinforce", "math_hard/grpo", "math_hard/reinforce"]
-ADDED = {"rollout_engine": "vllm", "vllm_gpu_memory_utilization": 0.3, "eval_batch_size": None, "tis_cap": 2.0}
+ADDED = {
+    "rollout_engine": "vllm",
+    "vllm.gpu_memory_utilization": 0.3,
+    "evaluation.generate_batch_size": None,
+    "correction.mode": "token_truncate",
+    "correction.max": 2.0,
+}
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def _pop(args: dict, dotted: str, default=None):
+    """`args[dotted]` removed, a group's key given as `group.key` (and the group with it once empty)."""
+    group, _, key = dotted.rpartition(".")
+    node = args.get(group, {}) if group else args
+    value = node.pop(key, default)
+    if group and not node:
+        args.pop(group, None)
+    return value
 
 
 def _load(name: str) -> dict:
@@ -25,9 +42,9 @@ def _load(name: str) -> dict:
 @pytest.mark.parametrize("run", COURSE_RUNS)
 def test_variant_is_the_course_config_plus_the_engine_keys(run):
     course, fast = _load(run), _load(f"{run}_vllm")
-    fast_args = fast["model"]["init_args"]
-    assert {key: fast_args.pop(key) for key in ADDED} == ADDED
-    assert not set(ADDED) & set(course["model"]["init_args"])  # the course config leaves them at their defaults
+    assert {key: _pop(fast["model"]["init_args"], key) for key in ADDED} == ADDED
+    missing = object()
+    assert all(_pop(course["model"]["init_args"], key, missing) is missing for key in ADDED)  # left at the defaults
     assert fast == course  # every other key, the model class, data, checkpoint and trainer sections alike
 
 
@@ -59,7 +76,8 @@ def _instantiate(run: str, tmp_path):
 @pytest.mark.parametrize("run", COURSE_RUNS)
 def test_variant_instantiates_with_vllm(tmp_path, run):
     module = _instantiate(run, tmp_path).model
-    assert module.policy is None and module.hparams.rollout_engine == "vllm" and module.hparams.tis_cap == 2.0
+    assert module.policy is None and module.hparams.rollout_engine == "vllm"
+    assert module.sampler_correction == SamplerCorrection("token_truncate", 2.0)
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed (the variants instantiate above)")

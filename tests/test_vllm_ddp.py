@@ -114,10 +114,10 @@ def test_ddp_one_vllm_engine_per_rank(tmp_path):
         "--model.init_args.max_new_tokens=8",
         f"--model.init_args.iterations={ITERATIONS}",
         "--model.init_args.lr=1e-2",  # far from the start within the run: stale engine weights would show
-        "--model.init_args.eval_every=100",
-        "--model.init_args.log_generations_every=0",
+        "--model.init_args.evaluation.every=100",
+        "--model.init_args.log_generations.every=0",
         "--model.init_args.rollout_engine=vllm",
-        f"--model.init_args.vllm_kv_cache_memory_bytes={64 * 2**20}",
+        f"--model.init_args.vllm.kv_cache_memory_bytes={64 * 2**20}",
         "--wandb_project=null",
         "--trainer.enable_progress_bar=false",
         "--trainer.accelerator=cpu",

@@ -1,5 +1,5 @@
 """Greedy evaluation on the task's held-out set: at iteration 0 (the pre-RL baseline), every
-`eval_every` iterations and at the end of training. Under DDP every rank decodes a slice of the set
+`evaluation.every` iterations and at the end of training. Under DDP every rank decodes a slice of the set
 (`llm_pg.callbacks.sharded_eval.evaluate`); rank zero logs the metrics and writes every row."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def write_eval_rows(out: Path, examples: Sequence[Example], evaluation: Evaluati
 class EvalCallback(Callback):
     """Logs `eval/<metric>` (exact_match, format fractions, ...) and writes the eval completions to
     `<run dir>/eval/iter_XXXXX.jsonl` and, with a W&B logger, to the table `eval_completions` (iteration, prompt,
-    gold answer, greedy completion, reward, correct): at the start, every `every` iterations (`eval_every`) and at
+    gold answer, greedy completion, reward, correct): at the start, every `every` iterations (`evaluation.every`) and at
     the end."""
 
     def __init__(self, every: int = 10) -> None:

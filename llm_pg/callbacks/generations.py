@@ -67,12 +67,12 @@ def table_rows(
 
 
 class GenerationsCallback(Callback):
-    """Every `log_generations_every` iterations (iterations 1, 1 + every, ...: the base policy's samples first), logs
-    whole groups of the rollout, at most `log_generations_rows` rows (so advantages can be read against their group),
+    """Every `log_generations.every` iterations (iterations 1, 1 + every, ...: the base policy's samples first), logs
+    whole groups of the rollout, at most `log_generations.rows` rows (so advantages can be read against their group),
     to `<run dir>/generations.jsonl` and, with a W&B logger, as the table `generations` (`table_rows` gives the
     columns). A row's `iteration` is the 1-based iteration that sampled it, the `step` of its metrics row.
-    The module builds it with its settings (`every`: `log_generations_every`, 0: never; `rows`:
-    `log_generations_rows`; `group_size`)."""
+    The module builds it with its settings (`every`: `log_generations.every`, 0: never; `rows`:
+    `log_generations.rows`; `group_size`)."""
 
     def __init__(self, every: int = 10, rows: int = 24, group_size: int = 6) -> None:
         self.every, self.rows, self.group_size = every, rows, group_size

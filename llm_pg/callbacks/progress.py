@@ -6,7 +6,7 @@ would be drawn once, at the end), plain lines (`IterationLines`), one at most ev
 
 Both show `eval_em` from the latest evaluation (`latest_eval`), and both show their last values once the fit has
 ended (`on_fit_end`, after every callback's `on_train_end`): the evaluation that ends the last iteration runs after
-the bar's own end-of-iteration hook, and the final one, when the last iteration is not an `eval_every` multiple,
+the bar's own end-of-iteration hook, and the final one, when the last iteration is not an `evaluation.every` multiple,
 at the end of training. So the last figures are the ones the summary below them prints.
 """
 

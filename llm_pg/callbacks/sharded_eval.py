@@ -6,7 +6,7 @@ single process computes them) and the completions in the set's order. Greedy met
 up to the float effects of different left padding; sampled pass@k draws its seeds per rank and batch, so its
 samples (not its expectation) depend on the number of ranks.
 
-With `eval_samples: k > 0` each prompt also gets k completions sampled at `eval_temperature` (top-p as in
+With `evaluation.samples: k > 0` each prompt also gets k completions sampled at `evaluation.temperature` (top-p as in
 training), and with c of them correct, `pass_at_1 = c / k` and `pass_at_k = pass_at_k(k, c, k)` (1 when any is
 correct), averaged over prompts: the unbiased estimators of Chen et al. (2021) with n = k samples.
 """
@@ -54,12 +54,13 @@ class EvalContext:
 
     Args:
         sampler: prompts to completions, and the task's scorer.
-        sampling: the evaluation's sampling settings (`eval_max_new_tokens`, `eval_temperature`); the greedy pass
-            decodes them greedily.
-        samples: `eval_samples`, completions sampled per prompt for pass@k (0: greedy only).
-        batch_rows: rows per generate call (`eval_batch_size`; None: the engine's own choice, `whole_set`).
+        sampling: the evaluation's sampling settings (`evaluation.max_new_tokens`, `evaluation.temperature`); the
+            greedy pass decodes them greedily.
+        samples: `evaluation.samples`, completions sampled per prompt for pass@k (0: greedy only).
+        batch_rows: rows per generate call (`evaluation.generate_batch_size`; None: the engine's own choice,
+            `whole_set`).
         whole_set: the engine schedules its own batches (vLLM): without `batch_rows`, one call for the whole set.
-        fallback_rows: rows per call otherwise (`logprob_batch_size`).
+        fallback_rows: rows per call otherwise (`speed.logprob_batch_size`).
         seed: the run's seed (pass@k's samples are seeded from it, with this rank).
         ranks: this process's rank, and the ranks the evaluation is sharded over.
     """

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+from jsonargparse import set_loader
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.trainer.states import TrainerStatus
@@ -58,6 +60,11 @@ from llm_pg.runs.guards import RunStopped
 from llm_pg.runs.loggers import default_loggers
 from llm_pg.runs.logs import trim_logs
 from llm_pg.runs.preflight import check_model, check_task_data, not_a_mapping, one_line
+from llm_pg.runs.spelling import load_config, upgrade_args, upgrade_config
+
+# Config files through the spelling shim: a config from before the settings were grouped loads, with a note.
+set_loader("llm_pg", load_config, exceptions=(yaml.YAMLError,))
+PARSER_KWARGS = {"parser_mode": "llm_pg", **{command: {"parser_mode": "llm_pg"} for command in ("fit", "validate")}}
 
 
 def _debug() -> bool:
@@ -233,6 +240,7 @@ class LLMPGCLI(LightningCLI):
         """The iteration of checkpoint `path`; RunDirError when it was trained under other settings than `current`."""
         iteration, stored = read_header(path)
         if stored is not None:
+            upgrade_config(stored)  # a checkpoint from before the settings were grouped: its keys in today's spelling
             changes = config_changes(stored, current, class_defaults(current))
             if changes:
                 raise RunDirError(
@@ -387,6 +395,8 @@ def _first_save(cadence, directory: Path) -> int:
 
 def run_cli(args: list[str] | None = None, session: RunSession | None = None) -> LLMPGCLI:
     """LightningCLI on `args` (None: sys.argv). Raises RunInterrupted when SIGTERM/SIGINT stopped `fit`."""
+    if args is not None:
+        args = upgrade_args(args)
     session = session or RunSession(args)
     try:
         return LLMPGCLI(
@@ -395,6 +405,7 @@ def run_cli(args: list[str] | None = None, session: RunSession | None = None) ->
             subclass_mode_model=True,
             seed_everything_default=False,
             save_config_kwargs={"overwrite": True},
+            parser_kwargs=PARSER_KWARGS,
             trainer_defaults={"log_every_n_steps": 1, "max_epochs": -1, "enable_model_summary": False},
             args=args,
             session=session,
@@ -415,6 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     if "--debug" in words:
         words.remove("--debug")
         os.environ["LLM_PG_DEBUG"] = "1"
+    words = upgrade_args(words)  # a command line from before the settings were grouped
     add_config_dirs(words)  # modules named in a config resolve beside it (llm_pg.data.user_code)
     session = RunSession(words)
     sys.argv[1:] = words  # LightningCLI reads sys.argv itself (and warns when given args that differ from it)

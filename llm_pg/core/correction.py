@@ -19,6 +19,8 @@ from llm_pg.core.rollout import RolloutBatch
 SamplerIsMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 SAMPLER_IS_MODES = get_args(SamplerIsMode)
+SEQUENCE_MODES = ("sequence_truncate", "sequence_mask")  # one weight per completion; the others, one per token
+TRUNCATE_MODES = ("token_truncate", "sequence_truncate")  # clamp the weight; the others set it to 0 outside
 
 
 def sampler_is_weight(
@@ -36,10 +38,10 @@ def sampler_is_weight(
     `sampler_logp` is the engine's own log-prob of each token it sampled, `old_logp` the trainer's pi_old of it.
     A sequence's product may overflow to inf: truncation then gives `high` and masking 0, never inf or NaN."""
     diff = (old_logp - sampler_logp) * mask  # [B, C]: 0 on padding
-    if mode.startswith("sequence"):
+    if mode in SEQUENCE_MODES:
         diff = diff.sum(-1, keepdim=True)  # [B, 1]
     weight = torch.exp(diff).detach()
-    if mode.endswith("truncate"):
+    if mode in TRUNCATE_MODES:
         return weight.clamp(min=low, max=high)
     outside = weight > high
     if low is not None:
@@ -60,7 +62,7 @@ def off_policy_keep(advantages: Tensor, logp: Tensor, sampler_logp: Tensor, mask
 @dataclass(frozen=True)
 class SamplerCorrection:
     """How the policy term is corrected for the rollout engine's sampler (`losses.sampler_is_weight`): a mode of
-    `losses.SAMPLER_IS_MODES` and its bounds. `tis_cap: C` is `SamplerCorrection("token_truncate", C)`."""
+    `SAMPLER_IS_MODES` and its bounds (the config's `correction` group; `mode: token_truncate, max: C` is TIS)."""
 
     mode: str
     high: float

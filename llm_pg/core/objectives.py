@@ -21,13 +21,16 @@ with the course's).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Literal, get_args
+from typing import ClassVar
 
 from torch import Tensor
 
 from llm_pg.core.correction import SamplerCorrection, off_policy_keep, sampler_logp, sampler_weight
 from llm_pg.core.losses import (
+    LossAggregation,
+    RatioLevel,
     RatioStats,
     Reduction,
     cispo_term,
@@ -39,14 +42,25 @@ from llm_pg.core.losses import (
 )
 from llm_pg.core.rollout import MicroBatch
 
-PolicyLoss = Literal["clip", "cispo"]  # GRPO's clipped surrogate, or CISPO's clipped-weight REINFORCE
-POLICY_LOSSES = get_args(PolicyLoss)
 
+@dataclass(frozen=True)
+class LossTerms:
+    """What an objective takes from the module's settings rather than from its own (`objective.init_args`): the
+    course's `kl_coef` and `clip_eps`, the completion budget and the correction against the sampler.
 
-# ---- the policy terms, as functions -------------------------------------------------------------------------------
+    Args:
+        kl_coef: weight of the KL penalty `tokmean(e^D - D - 1)`, `D = log pi_ref - log pi_theta` (0: none).
+        clip_eps: the ratio's clip range `[1 - clip_eps, 1 + clip_eps]` of an objective with a ratio.
+        max_new_tokens: the divisor of `seq_mean_token_sum_norm`.
+        correction: the importance correction against the rollout engine's sampler (None: off).
+        off_policy_threshold: DeepSeek-V3.2's off-policy sequence mask (None: off).
+    """
 
-
-# ---- the objectives, as components -------------------------------------------------------------------------------
+    kl_coef: float = 0.0
+    clip_eps: float = 0.2
+    max_new_tokens: int | None = None
+    correction: SamplerCorrection | None = None
+    off_policy_threshold: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,23 +101,21 @@ class LossOutput:
 
 @dataclass(frozen=True)
 class Objective(ABC):
-    """A policy objective with the terms every one shares.
+    """A policy objective with the terms every one shares. The config chooses it by class (`objective: {class_path:
+    ..., init_args: ...}`, or a short name of `OBJECTIVES`) and gives the fields after `terms`; the module supplies
+    `terms` (`LossTerms`) from its own keys.
 
     Args:
-        kl_coef: weight of the KL penalty `tokmean(e^D - D - 1)`, `D = log pi_ref - log pi_theta` (0: none).
-        entropy_coef: weight of the entropy bonus subtracted from the loss (0: off).
-        aggregation: how per-token terms reduce to the loss (`losses.aggregate`).
-        max_new_tokens: the divisor of `seq_mean_token_sum_norm`.
-        correction: the importance correction against the rollout engine's sampler (None: off).
-        off_policy_threshold: DeepSeek-V3.2's off-policy sequence mask (None: off).
+        terms: the module's settings an objective reads (`LossTerms`).
+        aggregation: how per-token terms reduce to the loss: `seq_mean_token_mean` (the course) | `token_mean` |
+            `seq_mean_token_sum_norm` (`losses.aggregate`).
+        entropy_coef: the loss subtracts `entropy_coef` times the token mean of the sampled positions' next-token
+            entropy (with its gradient), logged as `train/entropy_bonus` (0: off, the course).
     """
 
-    kl_coef: float = 0.0
+    terms: LossTerms
+    aggregation: LossAggregation = "seq_mean_token_mean"
     entropy_coef: float = 0.0
-    aggregation: str = "seq_mean_token_mean"
-    max_new_tokens: int | None = None
-    correction: SamplerCorrection | None = None
-    off_policy_threshold: float | None = None
     # Whether the policy term reads pi_old (a ratio). The update then provides it: a no-grad pass before, or its
     # own first pass (`llm_pg.modules.update`).
     needs_old_logp: ClassVar[bool] = True
@@ -115,18 +127,18 @@ class Objective(ABC):
 
     def reduction(self, micro: MicroBatch) -> Reduction:
         """How `micro`'s policy term reduces: this objective's aggregation over the update's token counts."""
-        return Reduction(self.aggregation, self.max_new_tokens, micro.num_tokens, micro.split_tokens)
+        return Reduction(self.aggregation, self.terms.max_new_tokens, micro.num_tokens, micro.split_tokens)
 
     def policy_weight(self, logp: Tensor, micro: MicroBatch) -> tuple[Tensor | None, Tensor | None]:
         """The weights of `micro`'s policy term (None: 1): the correction against the sampler times the off-policy
         sequence mask, and the share of rows the mask drops (None when it is off)."""
-        rows = micro.rows
-        weight = None if self.correction is None else sampler_weight(rows, self.correction, micro.old_logp)
-        if self.off_policy_threshold is None:
+        rows, terms = micro.rows, self.terms
+        weight = None if terms.correction is None else sampler_weight(rows, terms.correction, micro.old_logp)
+        if terms.off_policy_threshold is None:
             return weight, None
         sampler = sampler_logp(rows, micro.old_logp)
         sampler = logp.detach() if sampler is None else sampler
-        keep = off_policy_keep(rows.advantages, logp, sampler, rows.completion_mask, self.off_policy_threshold)
+        keep = off_policy_keep(rows.advantages, logp, sampler, rows.completion_mask, terms.off_policy_threshold)
         return (keep if weight is None else weight * keep), 1.0 - keep.mean()
 
     def __call__(self, logp: Tensor, entropy: Tensor | None, micro: MicroBatch) -> LossOutput:
@@ -136,7 +148,8 @@ class Objective(ABC):
         mask = rows.completion_mask
         weight, masked_frac = self.policy_weight(logp, micro)
         policy_loss, ratio = self.policy_term(logp, micro, weight)
-        kl_loss, kl = kl_term(logp, rows.ref_logp, mask, self.kl_coef, self.aggregation, micro.num_tokens, split)
+        kl_coef = self.terms.kl_coef
+        kl_loss, kl = kl_term(logp, rows.ref_logp, mask, kl_coef, self.aggregation, micro.num_tokens, split)
         loss, bonus = policy_loss + kl_loss, None
         if self.entropy_coef > 0:  # loss - entropy_coef * tokmean(H)
             bonus = entropy_bonus(entropy, mask, self.entropy_coef, self.aggregation, micro.num_tokens, split)
@@ -155,17 +168,20 @@ class Objective(ABC):
 @dataclass(frozen=True)
 class ClippedSurrogate(Objective):
     """GRPO's clipped surrogate (the course): `min(rho A, clip(rho, 1 - clip_eps, 1 + clip_eps_high) A)` per token,
-    `rho` per token (`ratio_level: token`) or per completion (`sequence`: GSPO). `clip_eps_high` None: `clip_eps`."""
+    with the module's `clip_eps`.
 
-    clip_eps: float = 0.2
+    Args:
+        clip_eps_high: the upper clip `1 + clip_eps_high` (DAPO's clip-higher); null: `clip_eps`.
+    """
+
     clip_eps_high: float | None = None
-    ratio_level: str = "token"
+    ratio_level: ClassVar[RatioLevel] = "token"  # one ratio per token
 
     def policy_term(self, logp: Tensor, micro: MicroBatch, weight: Tensor | None) -> tuple[Tensor, RatioStats]:
         rows, reduce = micro.rows, self.reduction(micro)
         return clipped_term(
-            logp, micro.old_logp, rows.completion_mask, rows.advantages, reduce, self.clip_eps, self.clip_eps_high,
-            self.ratio_level, weight,
+            logp, micro.old_logp, rows.completion_mask, rows.advantages, reduce, self.terms.clip_eps,
+            self.clip_eps_high, self.ratio_level, weight,
         )  # fmt: skip
 
 
@@ -174,23 +190,28 @@ class GSPO(ClippedSurrogate):
     """GSPO (Zheng et al., 2025): the clipped surrogate over one length-normalised ratio per completion,
     `rho_i = exp(seqmean_i(logp - old_logp))`."""
 
-    ratio_level: str = "sequence"
+    ratio_level: ClassVar[RatioLevel] = "sequence"
 
 
 @dataclass(frozen=True)
 class CISPO(Objective):
-    """CISPO (MiniMax-M1, 2025): each token's `A * logp` weighted by its detached ratio capped at
-    `1 + clip_eps_high` (no lower bound); `ratio_level` as `ClippedSurrogate`'s."""
+    """CISPO (MiniMax-M1, 2025): each token's `A * logp` weighted by its detached ratio capped at `1 + clip_eps_high`
+    (no lower bound).
 
-    clip_eps_high: float = 0.2
-    ratio_level: str = "token"
+    Args:
+        clip_eps_high: the cap's `clip_eps_high`; null: the module's `clip_eps`.
+        ratio_level: `token` (one ratio per token) or `sequence` (GSPO's, one per completion).
+    """
+
+    clip_eps_high: float | None = None
+    ratio_level: RatioLevel = "token"
 
     def policy_term(self, logp: Tensor, micro: MicroBatch, weight: Tensor | None) -> tuple[Tensor, RatioStats]:
         rows, reduce = micro.rows, self.reduction(micro)
+        high = self.terms.clip_eps if self.clip_eps_high is None else self.clip_eps_high
         return cispo_term(
-            logp, micro.old_logp, rows.completion_mask, rows.advantages, reduce, self.clip_eps_high, self.ratio_level,
-            weight,
-        )  # fmt: skip
+            logp, micro.old_logp, rows.completion_mask, rows.advantages, reduce, high, self.ratio_level, weight
+        )
 
 
 @dataclass(frozen=True)
@@ -205,10 +226,14 @@ class SequenceMean(Objective):
         return reinforce_term(logp, rows.completion_mask, rows.advantages, self.reduction(micro), weight), None
 
 
-# Short names for the objectives (`policy_loss` in the config): each maps to its class.
+# Short names for the objectives (`objective: cispo` in a config): each maps to its class.
 OBJECTIVES: dict[str, type[Objective]] = {
     "clip": ClippedSurrogate,
     "gspo": GSPO,
     "cispo": CISPO,
     "sequence_mean": SequenceMean,
 }
+
+# What the config's `objective` key holds: an objective's class with its own settings, given `LossTerms` by the module
+# (jsonargparse's callable form: `class_path` and `init_args` without `terms`).
+ObjectiveFactory = Callable[[LossTerms], Objective]

@@ -56,7 +56,7 @@ class RolloutBatch:
     old_logp: Tensor | None = None
     ref_logp: Tensor | None = None  # [N, C] float32, log pi_ref (only when kl_coef > 0)
     # [N, C] float32, the rollout engine's own log-prob of each sampled token (vLLM; None with HF), 0 on padding:
-    # compared with the trainer's pi_old for `rollout/logprob_mismatch_*`; in the loss only through `tis_cap`
+    # compared with the trainer's pi_old for `rollout/logprob_mismatch_*`; in the loss only through `correction`
     sampled_logp: Tensor | None = None
     # Episodes only (None for single-turn rollouts, whose rows end at their first EOS): [N] bool, the last turn ran
     # out of tokens; [N] long model turns, tool calls run and calls answered with an error
@@ -169,7 +169,8 @@ class MicroBatch:
     or the update's own first pass: `llm_pg.modules.update.UpdateState`; None for REINFORCE without one);
     `split_tokens` `[b]`, the completion tokens of the micro-batch each row belongs to in the update's shuffled split
     when the forwards group rows otherwise (`losses.token_mean_share`; None: this forward is that micro-batch); and
-    `num_tokens`, the completion tokens of the whole optimizer step (`loss_aggregation: token_mean`; else None)."""
+    `num_tokens`, the completion tokens of the whole optimizer step (the objective's `aggregation: token_mean`; else
+    None)."""
 
     rows: RolloutBatch
     old_logp: Tensor | None = None

@@ -49,8 +49,8 @@ class PromptStream(IterableDataset):
 
 class EvalBatches(IterableDataset):
     """The eval examples in lists of `batch_size`, for `llm-pg validate` (evaluation during fit batches by
-    `logprob_batch_size`). Iterable, so Lightning adds no distributed sampler: every rank sees the whole set and
-    `evaluate` shards each batch across ranks itself."""
+    `evaluation.generate_batch_size`). Iterable, so Lightning adds no distributed sampler: every rank sees the whole
+    set and `evaluate` shards each batch across ranks itself."""
 
     def __init__(self, examples: list[Example], batch_size: int) -> None:
         self.examples, self.batch_size = examples, batch_size
@@ -72,7 +72,7 @@ class PromptGroupDataModule(L.LightningDataModule):
         task: the task (`class_path` of a `llm_pg.data.tasks` class or your own `Task`, with its `init_args`).
         prompts_per_step: prompts per RL iteration (each gets `group_size` completions; the course: 8).
         seed: the run's seed (linked from the top-level `seed`).
-        eval_batch_size: eval prompts per batch of `llm-pg validate`.
+        validate_batch_size: eval prompts per batch of `llm-pg validate`.
         reward_timeout: seconds one completion's scoring may take when the task runs your code (a `Task` of your
             own, or a `module:function` reward): past it the run stops, naming the row and the line the code was
             stuck at (`llm_pg.data.isolation`). llm_pg's own checkers take milliseconds on any text.
@@ -87,15 +87,15 @@ class PromptGroupDataModule(L.LightningDataModule):
         task: Task,
         prompts_per_step: int = 8,
         seed: int = 0,
-        eval_batch_size: int = 64,
+        validate_batch_size: int = 64,
         reward_timeout: float = 30.0,
         reward_workers: int | None = None,
     ) -> None:
         super().__init__()
         if prompts_per_step < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
-        if eval_batch_size < 1:
-            raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
+        if validate_batch_size < 1:
+            raise ValueError(f"validate_batch_size must be >= 1, got {validate_batch_size}")
         if not (isinstance(reward_timeout, int | float) and reward_timeout > 0):
             raise ValueError(f"data.reward_timeout must be > 0 seconds, got {reward_timeout!r}; e.g. 30")
         if reward_workers is not None and not (isinstance(reward_workers, int) and reward_workers >= 0):
@@ -107,7 +107,7 @@ class PromptGroupDataModule(L.LightningDataModule):
         task.bind_seed(seed)  # a task may derive its eval set from the run's seed (format_copy: seed + 123)
         self.prompts_per_step = prompts_per_step
         self.seed = seed
-        self.eval_batch_size = eval_batch_size
+        self.validate_batch_size = validate_batch_size
         self.reward_timeout, self.reward_workers = float(reward_timeout), reward_workers
         self._scorer: TaskScorer | None = None
         self.next_batch = 0
@@ -144,7 +144,7 @@ class PromptGroupDataModule(L.LightningDataModule):
         return DataLoader(self.train_stream(), batch_size=None, num_workers=0, collate_fn=_keep)
 
     def val_dataloader(self) -> DataLoader:
-        batches = EvalBatches(self.task.eval_examples, self.eval_batch_size)
+        batches = EvalBatches(self.task.eval_examples, self.validate_batch_size)
         return DataLoader(batches, batch_size=None, num_workers=0, collate_fn=_keep)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:

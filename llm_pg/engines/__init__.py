@@ -92,7 +92,7 @@ class EngineSettings:
         device: this rank's device.
         autocast: forward passes in the compute dtype (HF).
         share_prompt_prefix: prefill each prompt once for its samples (HF).
-        compiled: decode steps through `torch.compile` (HF: `compile_generation`).
+        compiled: decode steps through `torch.compile` (HF: `speed.compile_generation`).
         max_model_len: the longest prompt plus completion (None: the model's own).
         seed: the run's seed (vLLM's own generator, per rank).
         logprob_temperature, temperature: the T of the trainer's log-probs and of sampling (vLLM reports its

@@ -4,8 +4,8 @@ An engine that reports its own log-prob of every sampled token (vLLM: `RolloutBa
 with the trainer's pi_old of the same tokens (`old_logp`). The two differ by float rounding when the engine holds
 the trainer's weights (below 4e-6 in float32 on the CPU; bf16 kernels on a GPU: a token mean near 1e-2 and a max
 above 0.1 are normal, docs/runs.md), and by more when it samples from stale or rounded weights. Truncated importance
-sampling (`tis_cap`, docs/algorithms.md) weights each token's policy-gradient term by
-`min(exp(old_logp - sampler_logp), C)`; `sampler_is_mode` chooses among four such corrections (per token or per
+sampling (`correction: {mode: token_truncate, max: C}`, docs/algorithms.md) weights each token's policy-gradient
+term by `min(exp(old_logp - sampler_logp), C)`; `correction.mode` chooses among four such corrections (per token or per
 sequence, truncated or masked: `llm_pg.core.correction.sampler_is_weight`). With the HF engine the sampler is the policy
 itself: `sampler_logp = old_logp` and the weight is exactly 1.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from llm_pg.core.correction import SamplerCorrection, sampler_logp, sampler_weight
+from llm_pg.core.correction import SEQUENCE_MODES, TRUNCATE_MODES, SamplerCorrection, sampler_logp, sampler_weight
 from llm_pg.core.losses import masked_mean
 from llm_pg.core.rollout import RolloutBatch
 
@@ -58,12 +58,12 @@ def tis_metrics(
         return {}
     mask = rollout.completion_mask
     diff = (old_logp - sampler_logp(rollout, old_logp)) * mask  # [N, C]
-    if correction.mode.startswith("sequence"):
+    if correction.mode in SEQUENCE_MODES:
         diff, mask = diff.sum(-1, keepdim=True), mask.any(-1, keepdim=True)  # [N, 1]
     outside = diff > math.log(correction.high)
     if correction.low is not None:
         outside |= diff < math.log(correction.low)
-    kind = "clipped" if correction.mode.endswith("truncate") else "masked"
+    kind = "clipped" if correction.mode in TRUNCATE_MODES else "masked"
     return {
         "rollout/tis_weight_mean": masked_mean(weight, mask).item(),
         f"rollout/tis_{kind}_frac": masked_mean(outside.float(), mask).item(),
@@ -97,8 +97,8 @@ class MismatchTrend:
         return (
             f"rollout/logprob_mismatch_mean rose from {old_mean:.2g} to {new_mean:.2g} over the last {self.window} "
             "iterations: the rollout engine samples from weights further and further from the trainer's (see "
-            "docs/runs.md, 'Is the sampler in sync?'); model.init_args.tis_cap (or sampler_is_mode) corrects the "
-            "update for it"
+            "docs/runs.md, 'Is the sampler in sync?'); model.init_args.correction (mode: token_truncate, max: 2.0, "
+            "say) corrects the update for it"
         )
 
 

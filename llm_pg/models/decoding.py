@@ -1,6 +1,6 @@
 """The KV cache and the decode steps of HF sampling: `ReservedLayer` writes each decoded position in place
 (`reserved_cache` gives `generate` a cache of them), and `compiled_forward` runs the decode steps through
-`torch.compile` (`compile_generation`). `llm_pg.models.generation.generate` uses both."""
+`torch.compile` (`speed.compile_generation`). `llm_pg.models.generation.generate` uses both."""
 
 from __future__ import annotations
 
@@ -78,8 +78,8 @@ class _DecodeSteps:
                 lines = [line for line in str(error).splitlines() if line.strip() and "TORCHDYNAMO" not in line]
                 message = lines[-1].strip() if lines else type(error).__name__
                 warnings.warn(
-                    f"compile_generation: torch.compile failed on {cls.__name__} ({message}); decoding eagerly from "
-                    "here on (set compile_generation: false to skip the attempt)",
+                    f"speed.compile_generation: torch.compile failed on {cls.__name__} ({message}); decoding eagerly "
+                    "from here on (set speed.compile_generation: false to skip the attempt)",
                     stacklevel=2,
                 )
         return cls.forward(self.target, *args, **kwargs)

@@ -26,9 +26,8 @@ from llm_pg.callbacks import EvalCallback, GenerationsCallback
 from llm_pg.callbacks.rollout import RolloutCallback
 from llm_pg.callbacks.sharded_eval import evaluate
 from llm_pg.core.advantages import Advantage
-from llm_pg.core.correction import SamplerCorrection, SamplerIsMode
-from llm_pg.core.losses import LossAggregation
-from llm_pg.core.objectives import Objective
+from llm_pg.core.correction import SamplerCorrection
+from llm_pg.core.objectives import ClippedSurrogate, LossTerms, Objective, ObjectiveFactory
 from llm_pg.core.rollout import derive_seed
 from llm_pg.core.schedule import LrSchedule, lr_factor
 from llm_pg.data.batches import PromptBatch
@@ -39,15 +38,34 @@ from llm_pg.models.loading import (
 )
 from llm_pg.models.parallel import full_state_dict, is_sharded, unsharded
 from llm_pg.modules.components import FitComponents
-from llm_pg.modules.logprobs import LogProbs
-from llm_pg.modules.settings import RolloutEngine, check_off_policy_mask, check_settings
-from llm_pg.modules.update import UpdateContext, run_update
+from llm_pg.modules.groups import (
+    GROUPS,
+    Correction,
+    Evaluation,
+    GenerationTables,
+    Speed,
+    VLLMSettings,
+    as_group,
+    flat_settings,
+)
+from llm_pg.modules.logprobs import LogProbs, has_dropout
+from llm_pg.modules.settings import (
+    RolloutEngine,
+    check_objective,
+    check_off_policy_mask,
+    check_settings,
+    objective_factory,
+)
+from llm_pg.modules.update import UpdateContext, run_update, steps_per_pass
 from llm_pg.runs.directory import run_dir
 from llm_pg.runs.guards import DivergenceGuard, RunStopped, weights_finite
 
 
 class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
-    """Shared settings (the YAML keys under `model.init_args`).
+    """Shared settings (the YAML keys under `model.init_args`): the course's keys at the top level, the rest in typed
+    groups (`llm_pg.modules.groups`; each group's own docstring lists its keys). Below, in order: the model; the
+    iteration and the optimizer; sampling; DAPO's rollout variants (off by default, as in the course); the groups; the
+    run.
 
     Args:
         model_name_or_path: hub id, local directory, or `tiny` for the bundled CPU model.
@@ -56,13 +74,14 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         dtype: compute dtype, `bfloat16` or `float32` (null: bf16 on a GPU, float32 on the CPU; `auto`: bf16 on a
             GPU and on a CPU with avx512_bf16 or amx_bf16, float32 elsewhere, said at the start). Trainable
             weights are float32 whatever it is: full fine-tuning keeps float32 master weights, LoRA float32 adapters.
-        gradient_checkpointing: recompute activations in the backward pass to save memory.
         chat_template: wrap prompts in the tokenizer's chat template.
+
         group_size: completions sampled per prompt (G).
         prompts_per_step: prompts per iteration (linked from `data.prompts_per_step`).
         minibatch_size: rows per forward/backward pass.
         grad_accum_steps: micro-batches whose gradients make one optimizer step.
         kl_coef: weight of the KL penalty; 0 loads and runs no reference model.
+        clip_eps: the ratio's clip range `[1 - clip_eps, 1 + clip_eps]`, for an objective with a ratio.
         lr: AdamW's peak learning rate (betas 0.9, 0.95).
         weight_decay: AdamW's decoupled weight decay.
         warmup_steps: RL iterations over which the learning rate ramps linearly,
@@ -72,6 +91,8 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         min_lr_ratio: the floor of a `linear` or `cosine` decay, as a share of `lr` (0: decay to 0).
         max_grad_norm: gradient-norm clip per optimizer step.
         adv_clip: advantages are clipped to +-adv_clip after group normalisation.
+        advantage: estimator `grpo` (course) | `dr_grpo` | `rloo` | `reinforce_pp`; `adv_clip` applies after it.
+
         temperature: sampling temperature of the rollouts.
         top_p: nucleus sampling of the rollouts: the smallest set of tokens whose probability reaches top_p (1: off).
         max_new_tokens: most tokens sampled per completion; a completion that reaches it without EOS is truncated.
@@ -79,77 +100,31 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         max_prompt_tokens: a longer prompt keeps its last this many tokens, with a warning (null: whole prompts).
         logprob_temperature: T in `log_softmax(logits / T)` for pi_theta, pi_old, pi_ref and the entropy. 1.0 (the
             course): the raw model distribution; null: the sampling temperature (TRL). See docs/algorithms.md.
-        eval_every: greedy evaluation every this many iterations (and at iteration 0 and the end).
-        eval_max_new_tokens: generation budget for evaluation (default: max_new_tokens).
-        logprob_batch_size: rows per no-grad forward pass for old/reference log-probs.
-        eval_batch_size: prompts per generate call of an evaluation, sized for memory (null: the whole eval set in
-            one call with vLLM, `logprob_batch_size` prompts with HF; with `eval_samples: k`, that many rows).
-        share_prompt_prefix: run each distinct prompt of a forward once and its completions on its cached keys and
-            values (`llm_pg.modules.logprobs`): the same log-probs and gradients up to float rounding, fewer tokens.
-        logprob_chunk_size: token positions per chunk of the LM head and log-softmax, recomputed in the backward
-            (`llm_pg.core.chunked_logprobs`), so no `[rows, positions, vocabulary]` logits tensor is held; the same
-            log-probs, entropy and gradients to float rounding. A forward without prefix sharing then also packs each
-            row's tokens to the left (`logprobs.packed_layout`: no padding between prompt and completion). 0: the
-            plain path, one head call over the whole micro-batch.
-        share_prompt_dropout: let prefix sharing run in a training forward with dropout (LoRA's 0.05): the rows of a
-            prompt then share one dropout mask on its tokens. That changes only the gradient's variance (each row's
-            mask is still a fresh draw, marginally), not its expectation. On by default (what it saves:
-            docs/algorithms.md, "Each lever alone"); false draws a mask per row, as the course does. Non-reentrant
-            gradient checkpointing (the `gradient_checkpointing: true` kind) shares too.
-        group_by_length: when a pass is one optimizer step and prefix sharing does not apply to its forwards
-            (dropout without share_prompt_dropout), run rows of similar length together (`update.forward_rows`): the
-            same step to float rounding, less padding. false: rollout order.
-        log_generations_every: iterations between sampled-completion tables (0: never).
-        log_generations_rows: rows per sampled-completion table, in whole prompt groups (at least one group).
-        advantage: estimator `grpo` (course) | `dr_grpo` | `rloo` | `reinforce_pp`; `adv_clip` applies after it.
-        loss_aggregation: `seq_mean_token_mean` (course) | `token_mean` | `seq_mean_token_sum_norm`.
-        filter_zero_std_groups: drop groups whose rewards are all equal from the update (DAPO dynamic sampling).
-            Under DDP every rank keeps the fewest groups any rank has (`llm_pg.callbacks.rollout`).
-        max_sampling_rounds: with `filter_zero_std_groups`, DAPO's refill: while fewer than `prompts_per_step` groups
+        rollout_engine: `hf` (HF generate with the policy itself) | `vllm` (vLLM colocated in this process, fed the
+            policy's weights after every update; `llm-pg[vllm]`). Every rollout and evaluation samples through it.
+
+        filter_zero_std_groups: drop groups whose rewards are all equal from the update (dynamic sampling). Under
+            DDP every rank keeps the fewest groups any rank has (`llm_pg.callbacks.rollout`).
+        max_sampling_rounds: with `filter_zero_std_groups`, the refill: while fewer than `prompts_per_step` groups
             have reward spread, sample the data stream's next batch of prompts too, up to this many batches per
             iteration; the update trains on the first `prompts_per_step` groups with spread (fewer when the rounds
             run out: `train/groups_kept`). 1: no refill. Logs `train/sampling_rounds` and `train/prompts_drawn`.
-        mask_truncated: completions that end without an EOS are left out of the loss (DAPO overlong filtering).
-        eval_samples: k > 0 also samples k completions per eval prompt at `eval_temperature` and logs
-            `eval/pass_at_1` and `eval/pass_at_k` (0: greedy evaluation only). See docs/algorithms.md, "Variants".
-        eval_temperature: sampling temperature of the `eval_samples` completions.
-        rollout_engine: `hf` (HF generate with the policy itself) | `vllm` (vLLM colocated in this process, fed the
-            policy's weights after every update; `llm-pg[vllm]`). Every rollout and evaluation samples through it.
-        compile_generation: with `rollout_engine: hf`, run `generate`'s decode steps through `torch.compile`
-            (dynamic shapes; `llm_pg.models.decoding.compiled_forward`); training forwards stay eager. The first rollout
-            or evaluation pays the compile, the decoding after it is faster (measured in docs/algorithms.md, "Speed").
-            The logits are eager's to float rounding, so a sampled token can in principle differ from an eager run's.
-            Off by default.
-        vllm_gpu_memory_utilization: share of the GPU vLLM may take (`llm_pg.engines.vllm.VLLMEngine`; what fits
-            beside training: docs/runs.md).
-        vllm_kv_cache_memory_bytes: a fixed vLLM KV cache size instead (null: from the share; on the CPU the share is
-            of the machine's memory).
-        vllm_max_num_batched_tokens: tokens per vLLM step (null: vLLM's default; on the CPU give at least the rollout's
-            prompt tokens, rows x padded prompt length).
-        tis_cap: truncated importance sampling against the rollout engine (null: off, the course): each completion
-            token's policy-gradient term is weighted by `min(exp(old_logp - sampler_logp), tis_cap)`, where
-            `sampler_logp` is the engine's own log-prob of the token (vLLM; with HF the weight is exactly 1).
-            Logs `rollout/tis_weight_mean` and `rollout/tis_clipped_frac`. See docs/algorithms.md, "TIS". The
-            shorthand of `sampler_is_mode: token_truncate` with `sampler_is_max: tis_cap`.
-        sampler_is_mode: the importance correction against the rollout engine's sampler, in one of four modes (null:
-            off): `token_truncate` | `token_mask` (a weight `exp(old_logp - sampler_logp)` per token) or
-            `sequence_truncate` | `sequence_mask` (one per completion: the product over its tokens), truncated to
-            `[sampler_is_min, sampler_is_max]` or set to 0 outside it (`llm_pg.core.correction.sampler_is_weight`; TRL's
-            `vllm_importance_sampling_mode`). The sequence modes need `rollout_engine: vllm` (with HF the sampler is
-            the policy itself). Logs `rollout/tis_weight_mean` and `rollout/tis_clipped_frac` or `tis_masked_frac`.
-        sampler_is_max: the upper bound of `sampler_is_mode`'s weight (>= 1).
-        sampler_is_min: its lower bound (null: none; else in (0, 1]).
-        off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence masking (null: off): a completion with a
-            negative advantage whose mean per-token `log pi_sampler - log pi_theta` exceeds this value leaves the
-            policy term (`llm_pg.core.correction.off_policy_keep`; TRL's `off_policy_mask_threshold`); pi_sampler is the
-            engine's log-probs, or pi_old with HF. Logs `train/off_policy_masked_frac`.
-        entropy_coef: entropy bonus: the loss subtracts `entropy_coef` times the token mean of the sampled positions'
-            next-token entropy (with its gradient), logged as `train/entropy_bonus` (0: off, the course).
-        overlong_buffer: DAPO's soft overlong punishment: a completion longer than `max_new_tokens -
-            overlong_buffer` tokens gets a reward term falling linearly to `-overlong_penalty` at `max_new_tokens`,
-            the column `reward_overlong` (0: off, the course). Added to any task's rollout reward, before the
-            advantages; the evaluation's reward stays the task's own.
+        mask_truncated: completions that end without an EOS are left out of the loss (overlong filtering).
+        overlong_buffer: soft overlong punishment: a completion longer than `max_new_tokens - overlong_buffer`
+            tokens gets a reward term falling linearly to `-overlong_penalty` at `max_new_tokens`, the column
+            `reward_overlong` (0: off). Added to any task's rollout reward, before the advantages; the evaluation's
+            reward stays the task's own.
         overlong_penalty: the largest overlong punishment, at `max_new_tokens` tokens.
+
+        objective: the policy objective, by class (`llm_pg.core.objectives`: `ClippedSurrogate`, `GSPO`, `CISPO`,
+            `SequenceMean`, or their short names `clip`, `gspo`, `cispo`, `sequence_mean`) with its own settings
+            (`aggregation`, `entropy_coef`, `clip_eps_high`, ...). Each module has its default.
+        evaluation: when and how the policy is evaluated (`groups.Evaluation`).
+        correction: the importance correction against the rollout engine's sampler (`groups.Correction`).
+        speed: levers that change the cost, not the result (`groups.Speed`).
+        vllm: the vLLM engine's memory and batching (`groups.VLLMSettings`).
+        log_generations: the sampled-completion tables (`groups.GenerationTables`).
+
         max_skipped_iterations: stop the run (exit 1, no `final/`, no `COMPLETE`) after this many consecutive
             iterations in which every optimizer step was skipped as non-finite (or the loss was not finite); a
             non-finite weight stops it at once (`llm_pg.runs.guards`).
@@ -162,13 +137,13 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         iterations: int = 51,
         lora: LoRA | None = None,
         dtype: str | None = None,
-        gradient_checkpointing: bool = False,
         chat_template: bool = True,
         group_size: int = 6,
         prompts_per_step: int = 8,
         minibatch_size: int = 8,
         grad_accum_steps: int = 6,
         kl_coef: float = 0.05,
+        clip_eps: float = 0.2,
         lr: float = 3e-5,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
@@ -176,52 +151,44 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         min_lr_ratio: float = 0.0,
         max_grad_norm: float = 0.5,
         adv_clip: float = 5.0,
+        advantage: Advantage = "grpo",
         temperature: float = 1.0,
         top_p: float = 1.0,
-        logprob_temperature: float | None = 1.0,
         max_new_tokens: int = 24,
         min_new_tokens: int = 0,
         max_prompt_tokens: int | None = None,
-        eval_every: int = 10,
-        eval_max_new_tokens: int | None = None,
-        logprob_batch_size: int = 32,
-        share_prompt_prefix: bool = True,
-        logprob_chunk_size: int = 256,
-        share_prompt_dropout: bool = True,
-        group_by_length: bool = True,
-        log_generations_every: int = 10,
-        log_generations_rows: int = 24,
-        advantage: Advantage = "grpo",
-        loss_aggregation: LossAggregation = "seq_mean_token_mean",
+        logprob_temperature: float | None = 1.0,
+        rollout_engine: RolloutEngine = "hf",
         filter_zero_std_groups: bool = False,
         max_sampling_rounds: int = 1,
         mask_truncated: bool = False,
-        eval_samples: int = 0,
-        eval_temperature: float = 1.0,
-        rollout_engine: RolloutEngine = "hf",
-        compile_generation: bool = False,
-        vllm_gpu_memory_utilization: float = 0.3,
-        vllm_kv_cache_memory_bytes: int | None = None,
-        vllm_max_num_batched_tokens: int | None = None,
-        eval_batch_size: int | None = None,
-        tis_cap: float | None = None,
-        sampler_is_mode: SamplerIsMode | None = None,
-        sampler_is_max: float = 2.0,
-        sampler_is_min: float | None = None,
-        off_policy_mask_threshold: float | None = None,
-        entropy_coef: float = 0.0,
         overlong_buffer: int = 0,
         overlong_penalty: float = 1.0,
+        objective: ObjectiveFactory = ClippedSurrogate,
+        evaluation: Evaluation = Evaluation(),
+        correction: Correction = Correction(),
+        speed: Speed = Speed(),
+        vllm: VLLMSettings = VLLMSettings(),
+        log_generations: GenerationTables = GenerationTables(),
         max_skipped_iterations: int = 3,
         seed: int = 0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["objective"])  # a class with its settings: see `objective_factory`
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold trainable weights only (the reference never)
         self.lora = lora
-        check_settings({**self.hparams, "lora": lora})  # hparams may hold the CLI's dict form of `lora`
-        check_off_policy_mask(self.hparams, self.needs_pi_old)
+        self.objective_factory = objective_factory(objective)
+        self.evaluation = as_group(Evaluation, evaluation, "evaluation")
+        self.correction = as_group(Correction, correction, "correction")
+        self.speed = as_group(Speed, speed, "speed")
+        self.vllm = as_group(VLLMSettings, vllm, "vllm")
+        self.log_generations = as_group(GenerationTables, log_generations, "log_generations")
+        groups = {name: getattr(self, name) for name in GROUPS}
+        # hparams may hold the CLI's dict form of `lora` and of the groups
+        check_settings({**self.hparams, "lora": lora, **flat_settings(groups)})
+        check_objective(self.objective)
+        check_off_policy_mask(self.hparams, self.correction, self.needs_pi_old)
         resolve_model_path(model_name_or_path)  # a missing local directory fails here, before any loading
         self._start_state(max_skipped_iterations)
 
@@ -248,14 +215,8 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
 
     @property
     def sampler_correction(self) -> SamplerCorrection | None:
-        """The importance correction against the sampler: `sampler_is_mode` with its bounds, `tis_cap` as
-        `token_truncate`, or None (off)."""
-        hp = self.hparams
-        if hp.tis_cap is not None:
-            return SamplerCorrection("token_truncate", hp.tis_cap)
-        if hp.sampler_is_mode is not None:
-            return SamplerCorrection(hp.sampler_is_mode, hp.sampler_is_max, hp.sampler_is_min)
-        return None
+        """The importance correction against the sampler (`correction.mode` with its bounds), or None (off)."""
+        return self.correction.sampler()
 
     @property
     def total_iterations(self) -> int:
@@ -276,18 +237,34 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         """Passes over each rollout."""
 
     @property
+    def objective(self) -> Objective:
+        """The policy objective (`llm_pg.core.objectives`): the configured class with its own settings, given the
+        module's `LossTerms` (`kl_coef`, `clip_eps`, `max_new_tokens`, the correction against the sampler)."""
+        terms = LossTerms(
+            kl_coef=self.hparams.kl_coef,
+            clip_eps=self.hparams.clip_eps,
+            max_new_tokens=self.hparams.max_new_tokens,
+            correction=self.sampler_correction,
+            off_policy_threshold=self.correction.off_policy_mask_threshold,
+        )
+        return self.objective_factory(terms)
+
+    @property
     def needs_pi_old(self) -> bool:
-        return False
+        """Whether the objective has a ratio, so the update needs pi_old."""
+        return self.objective.needs_old_logp
 
     @property
     def pi_old_from_first_pass(self) -> bool:
-        """Whether pi_old is taken from the first pass instead of a separate no-grad pass (GRPO decides)."""
-        return False
-
-    @property
-    @abstractmethod
-    def objective(self) -> Objective:
-        """The policy objective (`llm_pg.core.objectives`), built from this module's settings."""
+        """pi_old from the update's first pass instead of a separate no-grad pass: when one optimizer step covers a
+        whole pass, no weight changes before every row's first forward, so the first pass's detached log-probs are
+        pi_old, exactly when the policy has no dropout (`speed.reuse_first_pass_logp` accepts it with dropout)."""
+        hp = self.hparams
+        if not self.needs_pi_old:
+            return False
+        if steps_per_pass(hp.prompts_per_step * hp.group_size, hp.minibatch_size, hp.grad_accum_steps) != 1:
+            return False
+        return self.speed.reuse_first_pass_logp or not has_dropout(self.policy)
 
     def on_fit_start(self) -> None:
         if self.reference is not None:
@@ -312,8 +289,8 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
 
     def configure_callbacks(self):
         hp = self.hparams
-        tables = GenerationsCallback(hp.log_generations_every, hp.log_generations_rows, hp.group_size)
-        return [RolloutCallback(), EvalCallback(hp.eval_every), tables]
+        tables = GenerationsCallback(self.log_generations.every, self.log_generations.rows, hp.group_size)
+        return [RolloutCallback(), EvalCallback(self.evaluation.every), tables]
 
     # ---- optimisation ---------------------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ class FitComponents:
             self.compute_dtype = getattr(torch, hp.dtype) if hp.dtype else default_dtype(device)
         self.tokenizer = load_tokenizer(hp.model_name_or_path)
         weights = master_dtype(self.compute_dtype, self.lora)
-        self.policy = load_policy(hp.model_name_or_path, weights, self.lora, hp.gradient_checkpointing)
+        self.policy = load_policy(hp.model_name_or_path, weights, self.lora, self.speed.gradient_checkpointing)
         if hp.kl_coef > 0 and not self.uses_lora:
             self._reference = [load_reference(hp.model_name_or_path, self.compute_dtype)]
         if self._trainer is not None:  # FSDP2 (ModelParallelStrategy): policy and reference sharded over the ranks
@@ -77,12 +77,12 @@ class FitComponents:
 
     def engine_settings(self) -> EngineSettings:
         """What the rollout engine is built from (`llm_pg.engines.EngineSettings`): the compute dtype, this rank's
-        device and seed, `max_model_len = max_prompt_tokens + the larger of max_new_tokens and eval_max_new_tokens`
-        (the model's own limit when prompts are not cut), the log-prob mode that matches `logprob_temperature`, the
-        policy's EOS ids, the `vllm_*` keys, and vLLM's log file, `<run dir>/vllm.log` (`vllm_rank<k>.log` under
-        DDP; none outside a trainer's run)."""
+        device and seed, `max_model_len = max_prompt_tokens + the larger of max_new_tokens and
+        evaluation.max_new_tokens` (the model's own limit when prompts are not cut), the log-prob mode that matches
+        `logprob_temperature`, the policy's EOS ids, the `vllm` group, and vLLM's log file, `<run dir>/vllm.log`
+        (`vllm_rank<k>.log` under DDP; none outside a trainer's run)."""
         hp, trainer = self.hparams, self._trainer
-        longest_new = max(hp.max_new_tokens, hp.eval_max_new_tokens or 0)
+        longest_new = max(hp.max_new_tokens, self.evaluation.max_new_tokens or 0)
         log_file = None
         if trainer is not None:
             log_file = run_dir(trainer) / (
@@ -94,29 +94,30 @@ class FitComponents:
             dtype=self.compute_dtype,
             device=self.device,
             autocast=self.autocast,
-            share_prompt_prefix=hp.share_prompt_prefix,
-            compiled=hp.compile_generation,
+            share_prompt_prefix=self.speed.share_prompt_prefix,
+            compiled=self.speed.compile_generation,
             max_model_len=hp.max_prompt_tokens + longest_new if hp.max_prompt_tokens is not None else None,
             seed=hp.seed + self.global_rank,  # unseeded requests differ by rank
             logprob_temperature=hp.logprob_temperature,
             temperature=hp.temperature,
             lora_rank=self.lora.r if self.uses_lora else None,
-            gpu_memory_utilization=hp.vllm_gpu_memory_utilization,
-            kv_cache_memory_bytes=hp.vllm_kv_cache_memory_bytes,
-            max_num_batched_tokens=hp.vllm_max_num_batched_tokens,
+            gpu_memory_utilization=self.vllm.gpu_memory_utilization,
+            kv_cache_memory_bytes=self.vllm.kv_cache_memory_bytes,
+            max_num_batched_tokens=self.vllm.max_num_batched_tokens,
             log_file=log_file,
             world_size=torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
             strategy=trainer.strategy if trainer is not None else None,
         )
 
     def sampling(self, evaluation: bool = False) -> Sampling:
-        """How the rollouts are sampled; with `evaluation`, how the evaluation samples (`eval_max_new_tokens`,
-        `eval_temperature` for `eval_samples`, no minimum length; `.greedy_version()` for its greedy pass)."""
+        """How the rollouts are sampled; with `evaluation`, how the evaluation samples (`evaluation.max_new_tokens`,
+        `evaluation.temperature` for `evaluation.samples`, no minimum length; `.greedy_version()` for its greedy
+        pass)."""
         hp = self.hparams
         if evaluation:
             return Sampling(
-                max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens,
-                temperature=hp.eval_temperature,
+                max_new_tokens=self.evaluation.max_new_tokens or hp.max_new_tokens,
+                temperature=self.evaluation.temperature,
                 top_p=hp.top_p,
                 max_prompt_tokens=hp.max_prompt_tokens,
                 chat_template=hp.chat_template,
@@ -153,42 +154,30 @@ class FitComponents:
     @property
     def logprobs(self) -> LogProbs:
         """How completion log-probs are computed (`llm_pg.modules.logprobs.LogProbs`): at `logprob_temperature`, in
-        the compute dtype, with `logprob_chunk_size`, `share_prompt_prefix` and `logprob_batch_size`. Built once,
-        after `configure_model`."""
+        the compute dtype, with the `speed` group's `logprob_chunk_size`, `share_prompt_prefix` and
+        `logprob_batch_size`. Built once, after `configure_model`."""
         if self._logprobs is None:
-            hp = self.hparams
+            speed = self.speed
             self._logprobs = LogProbs(
                 policy=self.policy,
                 reference=self.reference,
                 lora=self.uses_lora,
                 temperature=self.logprob_temperature,
-                chunk_size=hp.logprob_chunk_size,
-                share_prefix=hp.share_prompt_prefix,
-                shared_dropout=hp.share_prompt_dropout,
-                batch_size=hp.logprob_batch_size,
+                chunk_size=speed.logprob_chunk_size,
+                share_prefix=speed.share_prompt_prefix,
+                shared_dropout=speed.share_prompt_dropout,
+                batch_size=speed.logprob_batch_size,
                 autocast=self.autocast,
             )
         return self._logprobs
-
-    def objective_terms(self) -> dict:
-        """The settings every objective shares (`llm_pg.core.objectives.Objective`), from this module's keys."""
-        hp = self.hparams
-        return {
-            "kl_coef": hp.kl_coef,
-            "entropy_coef": hp.entropy_coef,
-            "aggregation": hp.loss_aggregation,
-            "max_new_tokens": hp.max_new_tokens,
-            "correction": self.sampler_correction,
-            "off_policy_threshold": hp.off_policy_mask_threshold,
-        }
 
     @property
     def update_context(self) -> UpdateContext:
         """What every update of this fit needs (`llm_pg.modules.update.UpdateContext`), built at the first one."""
         if self._update is None:
-            hp = self.hparams
+            hp, speed = self.hparams, self.speed
             world = self.trainer.world_size
-            sharing = prefix_sharing_in_graph(self.policy, hp.share_prompt_prefix, hp.share_prompt_dropout)
+            sharing = prefix_sharing_in_graph(self.policy, speed.share_prompt_prefix, speed.share_prompt_dropout)
             self._update = UpdateContext(
                 policy=self.policy,
                 logprobs=self.logprobs,
@@ -197,8 +186,8 @@ class FitComponents:
                 minibatch_size=hp.minibatch_size,
                 grad_accum_steps=hp.grad_accum_steps,
                 max_grad_norm=hp.max_grad_norm,
-                grouped=hp.share_prompt_prefix,
-                by_length=hp.group_by_length and not sharing,
+                grouped=speed.share_prompt_prefix,
+                by_length=speed.group_by_length and not sharing,
                 world_size=world,
                 sharded=is_sharded(self.policy),
                 backward=self.manual_backward,
@@ -233,7 +222,7 @@ class FitComponents:
         if self.needs_pi_old:
             old_pass = OldPass.NEVER if self.pi_old_from_first_pass else OldPass.ALWAYS
         else:
-            old_pass = OldPass.WITH_ENGINE_LOGPROBS  # REINFORCE: pi_old only to compare with the engine's log-probs
+            old_pass = OldPass.WITH_ENGINE_LOGPROBS  # no ratio: pi_old only to compare with the engine's log-probs
         return RolloutContext(
             sampler=sampler,
             sampling=self.sampling(),
@@ -258,15 +247,14 @@ class FitComponents:
 
     def eval_context(self, datamodule) -> EvalContext:
         """What every evaluation of this fit needs (`llm_pg.callbacks.sharded_eval.EvalContext`)."""
-        hp = self.hparams
         return EvalContext(
             sampler=self.sampler(datamodule),
             sampling=self.sampling(evaluation=True),
-            samples=hp.eval_samples,
-            batch_rows=hp.eval_batch_size,
+            samples=self.evaluation.samples,
+            batch_rows=self.evaluation.generate_batch_size,
             whole_set=self.engine.schedules_batches,
-            fallback_rows=hp.logprob_batch_size,
-            seed=hp.seed,
+            fallback_rows=self.speed.logprob_batch_size,
+            seed=self.hparams.seed,
             ranks=self.ranks,
         )
 

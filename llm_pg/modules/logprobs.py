@@ -10,14 +10,14 @@ tokens of the duplicate rows: `(b - u) * P` of `b * (P + C)` token positions for
 It is used when it is exact and pays off (`shares_prefix`): at least two rows per distinct prompt on average, a
 model that is not sharded (FSDP2 would gather the weights twice), and, in a forward that builds a graph, no dropout
 (the duplicate rows would share one dropout mask on their prompt, which changes the estimator's noise;
-`share_prompt_dropout: true` accepts that: one mask per prompt changes the gradient's variance, not its
+`speed.share_prompt_dropout: true` accepts that: one mask per prompt changes the gradient's variance, not its
 expectation) and no reentrant gradient checkpointing. Under non-reentrant checkpointing (what
 `models.cache.enable_activation_checkpointing` sets) the layers are told to keep the cache for the two calls
 (`models.cache.cache_kept_under_checkpointing`), and the caches are ones the backward's recompute of a layer cannot
 corrupt: the prompt pass records its keys and values once (`models.cache.PromptCache`), the completion pass reads the
 rows' copy without storing (`PromptCache.rows`), so the recompute sees what the forward saw. The reentrant variant
 runs each layer's forward without a graph: keys that leave a layer through the cache would carry no gradient, so
-sharing stays off there. `model.init_args.share_prompt_prefix: false` turns it off.
+sharing stays off there. `model.init_args.speed.share_prompt_prefix: false` turns it off.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def shares_prefix(
     model: torch.nn.Module, rollout: RolloutBatch, enabled: bool, shared_dropout: bool = False
 ) -> tuple[Tensor, Tensor] | None:
     """`distinct_prompts(rollout)` when prefix sharing is on, exact and worth a second forward call, else None.
-    `shared_dropout` (`share_prompt_dropout`) accepts, in a training forward, one dropout mask per prompt."""
+    `shared_dropout` (`speed.share_prompt_dropout`) accepts, in a training forward, one dropout mask per prompt."""
     if not enabled or len(rollout) < 2 or is_sharded(model):
         return None
     builds_graph = torch.is_grad_enabled() and model.training
@@ -202,10 +202,11 @@ def completion_hidden(
 class LogProbs:
     """How completion log-probs are computed in one fit, built once by the module (`PolicyGradientModule.logprobs`):
     at `temperature` (the module's `logprob_temperature`), under `autocast` (its compute dtype), with the head in
-    chunks of `chunk_size` positions (`logprob_chunk_size`; 0: one call), each distinct prompt run once when
-    `share_prefix` (`share_prompt_prefix`, and `shared_dropout` for `share_prompt_dropout`), and no-grad passes in
-    micro-batches of `batch_size` rows (`logprob_batch_size`). `policy` is the trained model; `reference` the frozen
-    copy of full fine-tuning, or None (with LoRA pi_ref is the policy with its adapter switched off: `lora`)."""
+    chunks of `chunk_size` positions (`speed.logprob_chunk_size`; 0: one call), each distinct prompt run once when
+    `share_prefix` (`speed.share_prompt_prefix`, and `shared_dropout` for `speed.share_prompt_dropout`), and no-grad
+    passes in micro-batches of `batch_size` rows (`speed.logprob_batch_size`). `policy` is the trained model;
+    `reference` the frozen copy of full fine-tuning, or None (with LoRA pi_ref is the policy with its adapter switched
+    off: `lora`)."""
 
     policy: torch.nn.Module
     reference: torch.nn.Module | None

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 from llm_pg.core.advantages import ADVANTAGE_ESTIMATORS
-from llm_pg.core.correction import SAMPLER_IS_MODES
+from llm_pg.core.correction import SAMPLER_IS_MODES, SEQUENCE_MODES
 from llm_pg.core.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
-from llm_pg.core.objectives import POLICY_LOSSES
+from llm_pg.core.objectives import CISPO, OBJECTIVES, LossTerms, Objective
 from llm_pg.core.schedule import LR_SCHEDULES
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # float16 would need loss scaling, which the update loop does not do
@@ -99,18 +100,31 @@ def _check_sampling(hp: dict[str, Any]) -> None:
         _fail("min_new_tokens", f"in [0, max_new_tokens={hp['max_new_tokens']}]", hp["min_new_tokens"], "0: no minimum")
     if hp["max_prompt_tokens"] is not None:
         _at_least("max_prompt_tokens", hp["max_prompt_tokens"], 1, "null keeps whole prompts")
-    _at_least("eval_every", hp["eval_every"], 1, "iterations between greedy evaluations")
-    if hp["eval_max_new_tokens"] is not None:
-        _at_least("eval_max_new_tokens", hp["eval_max_new_tokens"], 1, "null uses max_new_tokens")
-    _at_least("logprob_batch_size", hp["logprob_batch_size"], 1, "rows per no-grad forward pass")
-    _at_least("logprob_chunk_size", hp["logprob_chunk_size"], 0, "positions per LM-head chunk; 0: one head call")
-    if hp["eval_batch_size"] is not None:
-        _at_least("eval_batch_size", hp["eval_batch_size"], 1, "prompts per eval generate call; null: engine default")
+    _at_least("evaluation.every", hp["evaluation.every"], 1, "iterations between greedy evaluations")
+    if hp["evaluation.max_new_tokens"] is not None:
+        _at_least("evaluation.max_new_tokens", hp["evaluation.max_new_tokens"], 1, "null uses max_new_tokens")
+    _at_least("speed.logprob_batch_size", hp["speed.logprob_batch_size"], 1, "rows per no-grad forward pass")
+    _at_least(
+        "speed.logprob_chunk_size", hp["speed.logprob_chunk_size"], 0, "positions per LM-head chunk; 0: one head call"
+    )
+    if hp["evaluation.generate_batch_size"] is not None:
+        _at_least(
+            "evaluation.generate_batch_size",
+            hp["evaluation.generate_batch_size"],
+            1,
+            "prompts per eval generate call; null: the engine's default",
+        )
 
 
 def _check_loss_terms(hp: dict[str, Any]) -> None:
-    """The entropy bonus, the overlong punishment and the sampler correction."""
-    _below("entropy_coef", hp["entropy_coef"], 0, 1, "the entropy bonus's weight; 0 turns it off", True)
+    """The clip range, the overlong punishment and the sampler correction."""
+    if not (_number(hp["clip_eps"]) and 0 < hp["clip_eps"] < 1):
+        _fail(
+            "clip_eps",
+            "in (0, 1)",
+            hp["clip_eps"],
+            "the ratio is clipped to [1 - clip_eps, 1 + clip_eps]; the course uses 0.2",
+        )
     if not (isinstance(hp["overlong_buffer"], int) and 0 <= hp["overlong_buffer"] <= hp["max_new_tokens"]):
         _fail(
             "overlong_buffer",
@@ -119,18 +133,16 @@ def _check_loss_terms(hp: dict[str, Any]) -> None:
             "the last tokens before max_new_tokens over which the overlong punishment grows; 0 turns it off",
         )
     _at_least("overlong_penalty", hp["overlong_penalty"], 0, "the punishment at max_new_tokens, e.g. 1.0")
-    if hp["tis_cap"] is not None:
-        _at_least("tis_cap", hp["tis_cap"], 1, "the truncation C of min(exp(old_logp - sampler_logp), C), e.g. 2.0")
     check_sampler_correction(hp)
 
 
 def _check_logging_and_guards(hp: dict[str, Any]) -> None:
     """Completion tables, the divergence guard, the seed, log-prob T and the dtype."""
-    _at_least("log_generations_every", hp["log_generations_every"], 0, "0 logs no completion tables")
-    table_rows = hp["log_generations_rows"]
+    _at_least("log_generations.every", hp["log_generations.every"], 0, "0 logs no completion tables")
+    table_rows = hp["log_generations.rows"]
     if not (isinstance(table_rows, int) and not isinstance(table_rows, bool) and table_rows >= 1):
         _fail(
-            "log_generations_rows", "an integer >= 1", table_rows, "rows per completion table, in whole prompt groups"
+            "log_generations.rows", "an integer >= 1", table_rows, "rows per completion table, in whole prompt groups"
         )
     if not (isinstance(hp["max_skipped_iterations"], int) and hp["max_skipped_iterations"] >= 1):
         _fail(
@@ -166,44 +178,43 @@ def _check_lora(lora) -> None:
 
 
 def check_sampler_correction(hp: dict[str, Any]) -> None:
-    """`sampler_is_mode` with its bounds, and `off_policy_mask_threshold` (docs/algorithms.md, "TIS")."""
-    mode = hp["sampler_is_mode"]
+    """The `correction` group: the mode with its bounds, and the off-policy mask (docs/algorithms.md, "TIS")."""
+    mode = hp["correction.mode"]
     if mode is not None:
-        _one_of("sampler_is_mode", mode, SAMPLER_IS_MODES, "or null (off); tis_cap is the token_truncate shorthand")
-    _at_least("sampler_is_max", hp["sampler_is_max"], 1, "the upper bound of the importance weight, e.g. 2.0")
-    low = hp["sampler_is_min"]
+        _one_of("correction.mode", mode, SAMPLER_IS_MODES, "or null (off); token_truncate is TIS")
+    _at_least("correction.max", hp["correction.max"], 1, "the upper bound of the importance weight, e.g. 2.0")
+    low = hp["correction.min"]
     if low is not None and not (_number(low) and 0 < low <= 1):
-        _fail("sampler_is_min", "in (0, 1] or null", low, "the lower bound of the importance weight, e.g. 0.5")
-    if mode is None and (low is not None or hp["sampler_is_max"] != 2.0):
+        _fail("correction.min", "in (0, 1] or null", low, "the lower bound of the importance weight, e.g. 0.5")
+    if mode is None and (low is not None or hp["correction.max"] != 2.0):
         raise ValueError(
-            "model.sampler_is_min / sampler_is_max bound the weight of sampler_is_mode, which is null: set "
-            "model.sampler_is_mode (token_truncate, token_mask, sequence_truncate or sequence_mask), or drop the bound"
+            "model.correction.min / correction.max bound the weight of correction.mode, which is null: set "
+            "model.correction.mode (token_truncate, token_mask, sequence_truncate or sequence_mask), or drop the bound"
         )
-    if mode is not None and hp["tis_cap"] is not None:
+    if mode in SEQUENCE_MODES and hp["rollout_engine"] != "vllm":
         raise ValueError(
-            f"model.tis_cap={hp['tis_cap']!r} is the shorthand of sampler_is_mode: token_truncate, and "
-            f"sampler_is_mode is {mode!r} too: keep one (tis_cap: C is sampler_is_mode: token_truncate with "
-            "sampler_is_max: C)"
-        )
-    if mode is not None and mode.startswith("sequence") and hp["rollout_engine"] != "vllm":
-        raise ValueError(
-            f"model.sampler_is_mode={mode!r} corrects for a rollout engine that samples apart from the trainer, but "
+            f"model.correction.mode={mode!r} corrects for a rollout engine that samples apart from the trainer, but "
             f"rollout_engine is {hp['rollout_engine']!r}, which samples with the policy itself (every weight would be "
-            "exactly 1): set model.rollout_engine: vllm, or sampler_is_mode: null"
+            "exactly 1): set model.rollout_engine: vllm, or correction.mode: null"
         )
-    threshold = hp["off_policy_mask_threshold"]
+    threshold = hp["correction.off_policy_mask_threshold"]
     if threshold is not None:
         _at_least(
-            "off_policy_mask_threshold", threshold, 0, "the mean log-ratio above which a sequence drops, e.g. 0.5"
+            "correction.off_policy_mask_threshold",
+            threshold,
+            0,
+            "the mean log-ratio above which a sequence drops, e.g. 0.5",
         )
 
 
-def check_off_policy_mask(hp: dict[str, Any], has_pi_old: bool) -> None:
-    """An off-policy mask needs something to be off-policy from: pi_old (GRPO) or the engine's sampler (vLLM)."""
-    if hp["off_policy_mask_threshold"] is not None and not has_pi_old and hp["rollout_engine"] != "vllm":
+def check_off_policy_mask(hp: dict[str, Any], correction: Any, has_pi_old: bool) -> None:
+    """An off-policy mask needs something to be off-policy from: pi_old (an objective with a ratio) or the engine's
+    sampler (vLLM)."""
+    if correction.off_policy_mask_threshold is not None and not has_pi_old and hp["rollout_engine"] != "vllm":
         raise ValueError(
-            "model.off_policy_mask_threshold is set, but REINFORCE with rollout_engine hf trains on the policy's own "
-            "samples in one pass: no sequence is ever off-policy; use rollout_engine: vllm or GRPOModule, or drop it"
+            "model.correction.off_policy_mask_threshold is set, but an objective without a ratio (sequence_mean) "
+            "with rollout_engine hf trains on the policy's own samples in one pass: no sequence is ever off-policy; "
+            "use rollout_engine: vllm or an objective with a ratio (GRPOModule), or drop it"
         )
 
 
@@ -220,9 +231,6 @@ def _flag(key: str, value: Any) -> None:
 def check_variant_settings(hp: dict[str, Any]) -> None:
     """The algorithm-variant keys both modules take (docs/algorithms.md, "Variants")."""
     _one_of("advantage", hp["advantage"], ADVANTAGE_ESTIMATORS, "grpo is the course's estimator")
-    _one_of(
-        "loss_aggregation", hp["loss_aggregation"], LOSS_AGGREGATIONS, "seq_mean_token_mean is the course's reduction"
-    )
     _flag("filter_zero_std_groups", hp["filter_zero_std_groups"])
     rounds = hp["max_sampling_rounds"]
     if not (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1):
@@ -238,39 +246,37 @@ def check_variant_settings(hp: dict[str, Any]) -> None:
             "filter_zero_std_groups is false: set model.filter_zero_std_groups: true, or max_sampling_rounds: 1"
         )
     _flag("mask_truncated", hp["mask_truncated"])
-    _flag("share_prompt_prefix", hp["share_prompt_prefix"])
-    _flag("group_by_length", hp["group_by_length"])
-    _flag("share_prompt_dropout", hp["share_prompt_dropout"])
-    if not (
-        isinstance(hp["eval_samples"], int) and not isinstance(hp["eval_samples"], bool) and hp["eval_samples"] >= 0
-    ):
-        _fail(
-            "eval_samples", "an integer >= 0", hp["eval_samples"], "0: greedy evaluation only; k > 0 adds pass@1/pass@k"
-        )
-    _above("eval_temperature", hp["eval_temperature"], 0, "the sampling temperature of eval_samples; 1.0 by default")
+    for lever in ("gradient_checkpointing", "share_prompt_prefix", "group_by_length", "share_prompt_dropout"):
+        _flag(f"speed.{lever}", hp[f"speed.{lever}"])
+    _flag("speed.reuse_first_pass_logp", hp["speed.reuse_first_pass_logp"])
+    samples = hp["evaluation.samples"]
+    if not (isinstance(samples, int) and not isinstance(samples, bool) and samples >= 0):
+        _fail("evaluation.samples", "an integer >= 0", samples, "0: greedy evaluation only; k > 0 adds pass@1/pass@k")
+    _above("evaluation.temperature", hp["evaluation.temperature"], 0, "the sampling temperature of evaluation.samples")
 
 
 def check_engine_settings(hp: dict[str, Any]) -> None:
-    """`rollout_engine` and the `vllm_*` keys; with `vllm`, that vLLM is installed and can report the log-probs of
+    """`rollout_engine` and the `vllm` group; with `vllm`, that vLLM is installed and can report the log-probs of
     `logprob_temperature` (docs/runs.md, "vLLM rollouts")."""
     _one_of("rollout_engine", hp["rollout_engine"], ROLLOUT_ENGINES, "hf (default) samples with HF generate")
-    if not (_number(hp["vllm_gpu_memory_utilization"]) and 0 < hp["vllm_gpu_memory_utilization"] < 1):
+    share = hp["vllm.gpu_memory_utilization"]
+    if not (_number(share) and 0 < share < 1):
         _fail(
-            "vllm_gpu_memory_utilization",
+            "vllm.gpu_memory_utilization",
             "in (0, 1)",
-            hp["vllm_gpu_memory_utilization"],
+            share,
             "the share of the GPU vLLM takes beside training, e.g. 0.3",
         )
-    for key in ("vllm_kv_cache_memory_bytes", "vllm_max_num_batched_tokens"):
+    for key in ("vllm.kv_cache_memory_bytes", "vllm.max_num_batched_tokens"):
         if hp[key] is not None:
             _at_least(key, hp[key], 1, "null keeps vLLM's default")
-    _flag("compile_generation", hp["compile_generation"])
+    _flag("speed.compile_generation", hp["speed.compile_generation"])
     if hp["rollout_engine"] != "vllm":
         return
-    if hp["compile_generation"]:
+    if hp["speed.compile_generation"]:
         raise ValueError(
-            "model.compile_generation=true compiles HF generate's decode steps, but rollout_engine is vllm, which "
-            "samples with graphs of its own: set compile_generation: false, or rollout_engine: hf"
+            "model.speed.compile_generation=true compiles HF generate's decode steps, but rollout_engine is vllm, "
+            "which samples with graphs of its own: set speed.compile_generation: false, or rollout_engine: hf"
         )
     if importlib.util.find_spec("vllm") is None:
         raise ValueError(
@@ -282,32 +288,59 @@ def check_engine_settings(hp: dict[str, Any]) -> None:
     vllm_logprobs_mode(hp["logprob_temperature"], hp["temperature"])
 
 
-def check_grpo_settings(
-    ppo_epochs: Any,
-    clip_eps: Any,
-    clip_eps_high: Any = None,
-    ratio_level: Any = "token",
-    reuse_first_pass_logp: Any = False,
-    policy_loss: Any = "clip",
-) -> None:
-    """The keys only GRPO has."""
-    if not (isinstance(ppo_epochs, int) and ppo_epochs >= 1):
+def check_grpo_settings(ppo_epochs: Any) -> None:
+    """The key only GRPO has."""
+    if not (isinstance(ppo_epochs, int) and not isinstance(ppo_epochs, bool) and ppo_epochs >= 1):
         _fail("ppo_epochs", ">= 1", ppo_epochs, "passes over each rollout; the course uses 2")
-    if not (_number(clip_eps) and 0 < clip_eps < 1):
+
+
+def objective_factory(objective: Any) -> Callable[[LossTerms], Objective]:
+    """The `objective` key as what builds the objective from `LossTerms`: jsonargparse's callable, an objective
+    class, or a short name of `OBJECTIVES` (a Python caller's)."""
+    if isinstance(objective, str):
+        if objective not in OBJECTIVES:
+            _fail(
+                "objective",
+                f"one of {', '.join(OBJECTIVES)} or a class of llm_pg.core.objectives",
+                objective,
+                "clip is GRPO's",
+            )
+        return OBJECTIVES[objective]
+    if callable(objective):
+        return objective
+    _fail("objective", "an objective class (class_path) or a short name", objective, "e.g. objective: clip")
+    raise AssertionError  # unreachable: _fail raises
+
+
+def check_objective(objective: Objective) -> None:
+    """The objective's own settings (`objective.init_args`)."""
+    _one_of(
+        "objective.init_args.aggregation",
+        objective.aggregation,
+        LOSS_AGGREGATIONS,
+        "seq_mean_token_mean is the course's reduction",
+    )
+    _below(
+        "objective.init_args.entropy_coef",
+        objective.entropy_coef,
+        0,
+        1,
+        "the entropy bonus's weight; 0 turns it off",
+        True,
+    )
+    high = getattr(objective, "clip_eps_high", None)
+    if high is not None and not (_number(high) and high > 0):
         _fail(
-            "clip_eps",
-            "in (0, 1)",
-            clip_eps,
-            "the ratio is clipped to [1 - clip_eps, 1 + clip_eps]; the course uses 0.2",
+            "objective.init_args.clip_eps_high",
+            "> 0 or null",
+            high,
+            "the upper clip 1 + clip_eps_high; null = clip_eps",
         )
-    if clip_eps_high is not None and not (_number(clip_eps_high) and clip_eps_high > 0):
-        _fail("clip_eps_high", "> 0 or null", clip_eps_high, "the upper clip 1 + clip_eps_high; null = clip_eps")
-    _one_of("ratio_level", ratio_level, RATIO_LEVELS, "token is the course's per-token ratio; sequence is GSPO's")
-    _flag("reuse_first_pass_logp", reuse_first_pass_logp)
-    _one_of("policy_loss", policy_loss, POLICY_LOSSES, "clip is GRPO's clipped surrogate; cispo is CISPO's")
+    if isinstance(objective, CISPO):
+        _one_of("objective.init_args.ratio_level", objective.ratio_level, RATIO_LEVELS, "token, or sequence (GSPO's)")
 
 
-GRPO_KEYS = ("ppo_epochs", "clip_eps", "clip_eps_high", "ratio_level", "reuse_first_pass_logp", "policy_loss")
+GRPO_KEYS = ("ppo_epochs",)
 
 
 def grpo_key_hint(message: str) -> str:

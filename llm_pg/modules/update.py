@@ -7,8 +7,8 @@ Per pass the rows are shuffled (seeded generator), cut into micro-batches of `mi
 `grad_accum_steps` micro-batches make one optimizer step. When a pass is one step over equal micro-batches, the
 forwards take whole prompt groups instead (each prompt run once) and the loss weighs every row as its micro-batch
 of the shuffled split would (`grouped_passes`): the same step. Where prefix sharing cannot apply to those forwards
-(reentrant gradient checkpointing, dropout without `share_prompt_dropout`), they take rows of similar length
-instead (`group_by_length`, `forward_rows`).
+(reentrant gradient checkpointing, dropout without `speed.share_prompt_dropout`), they take rows of similar length
+instead (`speed.group_by_length`, `forward_rows`).
 Each micro-batch is trimmed to its longest completion first (`RolloutBatch.trimmed`): the columns cut are padding,
 masked everywhere, so the loss is unchanged.
 
@@ -56,7 +56,7 @@ class UpdateContext:
         grad_accum_steps: micro-batches per optimizer step.
         max_grad_norm: the gradient-norm clip of each step.
         grouped: a pass that is one optimizer step over equal micro-batches may run its forwards over whole prompt
-            groups (`share_prompt_prefix`; `grouped_passes`).
+            groups (`speed.share_prompt_prefix`; `grouped_passes`).
         by_length: such forwards take rows of similar length instead of whole groups (`forward_rows`).
         world_size: data-parallel ranks (token counts and gradients are reduced over them).
         sharded: the policy is sharded by FSDP2 (its backward already averages the gradient).
@@ -149,7 +149,7 @@ def grouped_passes(context: UpdateContext, rows: int, steps: int) -> bool:
 
 def forward_rows(rollout: RolloutBatch, minibatch_size: int, by_length: bool) -> list[Tensor]:
     """The rows of each forward of a grouped pass: rollout order, or by total real tokens, longest first
-    (`group_by_length`: when prefix sharing cannot apply to a forward that builds a graph, rows of similar length
+    (`speed.group_by_length`: when prefix sharing cannot apply to a forward that builds a graph, rows of similar length
     waste the least padding, `logprobs.packed_layout`)."""
     order = torch.arange(len(rollout))
     if by_length:

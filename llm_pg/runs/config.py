@@ -6,6 +6,7 @@ The checkpoint stores the run's resolved config (`plain_config`); a resume compa
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import json
@@ -17,16 +18,16 @@ from llm_pg.data.datamodule import PromptGroupDataModule
 # the trainer's progress/logging knobs. Every other key changes what is trained, so a resume must keep it.
 RESUME_MAY_CHANGE = {
     "model.init_args.iterations",
-    "model.init_args.eval_every",
-    "model.init_args.log_generations_every",
-    "model.init_args.log_generations_rows",
+    "model.init_args.evaluation.every",
+    "model.init_args.log_generations.every",
+    "model.init_args.log_generations.rows",
     "model.init_args.max_skipped_iterations",
-    "model.init_args.eval_max_new_tokens",
-    "model.init_args.logprob_batch_size",
-    "model.init_args.logprob_chunk_size",
-    "model.init_args.group_by_length",
-    "model.init_args.eval_batch_size",
-    "data.eval_batch_size",
+    "model.init_args.evaluation.max_new_tokens",
+    "model.init_args.speed.logprob_batch_size",
+    "model.init_args.speed.logprob_chunk_size",
+    "model.init_args.speed.group_by_length",
+    "model.init_args.evaluation.generate_batch_size",
+    "data.validate_batch_size",
     "data.reward_timeout",  # how the rewards run, not what they are
     "data.reward_workers",
     "run_name",
@@ -42,14 +43,6 @@ RESUME_MUST_KEEP = {
     "trainer.num_nodes",
     "trainer.precision",
 }  # world size, numerics
-# Keys a class no longer takes, with the value that meant what the class now always does: ReinforceModule took the
-# four GRPO keys until 2026-12-03 only to refuse any other value, so a checkpoint saved before holds these.
-RETIRED = {
-    "model.init_args.ppo_epochs": 1,
-    "model.init_args.clip_eps_high": None,
-    "model.init_args.ratio_level": None,
-    "model.init_args.reuse_first_pass_logp": None,
-}
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -64,16 +57,16 @@ def config_changes(
     """`key: old -> new` for every setting that differs between a checkpoint's config and this run's and
     changes what is trained (anything but RESUME_MAY_CHANGE and the checkpoint/trainer progress keys).
 
-    A key the checkpoint's config lacks (added to the code since) is no change when it has its default value
-    (`defaults`, dotted keys): defaults reproduce the earlier behaviour. A key this run's config lacks (the class no
-    longer takes it) is no change when the checkpoint holds the value that the class now always applies (RETIRED).
-    `iterations` may change only under a constant learning rate: a linear or cosine decay spans them."""
+    A key one side lacks (added to the code since, or a null the config leaves out) is no change when the other side
+    holds its default value (`defaults`, dotted keys): defaults reproduce the earlier behaviour. A checkpoint from
+    before the settings were grouped is compared in today's spelling (`llm_pg.runs.spelling.upgrade_config`, which
+    also drops the GRPO keys ReinforceModule once held at the value it always applied). `iterations` may change only
+    under a constant learning rate: a linear or cosine decay spans them."""
     old, new, defaults = _flatten(stored), _flatten(current), defaults or {}
     changes = []
     for key in sorted(set(old) | set(new)):
-        if key not in old and key in defaults and new.get(key) == defaults[key]:
-            continue
-        if key not in new and key in RETIRED and old[key] == RETIRED[key]:
+        one_sided = key in defaults and (key not in old or key not in new)
+        if one_sided and (old if key in old else new)[key] == defaults[key]:
             continue
         allowed = key in RESUME_MAY_CHANGE or key.startswith(RESUME_MAY_CHANGE_PREFIXES)
         if key == "model.init_args.iterations" and new.get("model.init_args.lr_schedule", "constant") != "constant":
@@ -91,24 +84,40 @@ def plain_config(config) -> dict[str, Any]:
     return plain
 
 
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
 def class_defaults(config: dict[str, Any]) -> dict[str, Any]:
-    """Constructor defaults of the model, data module and task classes, as dotted config keys (plain JSON)."""
+    """Constructor defaults of the model, data module and task classes, the module's groups and its objective, as
+    dotted config keys (plain JSON)."""
 
     def of(cls: type, prefix: str) -> dict[str, Any]:
         found: dict[str, Any] = {}
         for klass in reversed(cls.__mro__):  # a subclass's default wins
             for name, param in inspect.signature(klass.__init__).parameters.items():
-                if param.default is not inspect.Parameter.empty:
-                    found[f"{prefix}{name}"] = json.loads(json.dumps(param.default, default=str))
+                default = param.default
+                if default is inspect.Parameter.empty:
+                    continue
+                if dataclasses.is_dataclass(default) and not isinstance(default, type):  # a settings group
+                    found |= {f"{prefix}{name}.{k}": _plain(v) for k, v in dataclasses.asdict(default).items()}
+                else:
+                    found[f"{prefix}{name}"] = _plain(default)
         return found
+
+    defaults = of(PromptGroupDataModule, "data.")
 
     def load(class_path: str) -> type:
         module, _, name = class_path.rpartition(".")
         return getattr(importlib.import_module(module), name)
 
-    defaults = of(PromptGroupDataModule, "data.")
-    for key, prefix in (("model", "model.init_args."), ("task", "data.task.init_args.")):
-        node = config.get("model") if key == "model" else (config.get("data") or {}).get("task")
+    model = config.get("model") or {}
+    nodes = {
+        "model.init_args.": model,
+        "data.task.init_args.": (config.get("data") or {}).get("task"),
+        "model.init_args.objective.init_args.": (model.get("init_args") or {}).get("objective"),
+    }
+    for prefix, node in nodes.items():
         if isinstance(node, dict) and node.get("class_path"):
             try:
                 defaults |= of(load(node["class_path"]), prefix)

@@ -141,7 +141,8 @@ def eval_completions(run: RunLog, samples: int) -> str:
 def note(target: float = TARGET) -> str:
     return (
         f"_Eval EM: greedy exact match on the held-out set; final: at the last evaluation. Iterations to EM "
-        f"{target:g}: the first evaluation at or above it, per seed (evaluations run every `eval_every` iterations). "
+        f"{target:g}: the first evaluation at or above it, per seed (evaluations run every `evaluation.every` "
+        "iterations). "
         "Reward and KL: the last iteration's. Compute time: logged rollout, update and eval seconds (model loading "
         "excluded). With several seeds: mean ± std (population) over seeds._"
     )
