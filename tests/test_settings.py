@@ -149,3 +149,20 @@ def test_vllm_engine_without_vllm_installed_says_how_to_install_it():
     text = str(error.value)
     assert text.startswith('model.rollout_engine=vllm but vLLM is not installed; pip install -e ".[vllm]"')
     assert "make test-vllm" in text and "\n" not in text
+
+
+def test_the_saved_settings_show_the_objective_as_a_config_spells_it():
+    # What the loggers and W&B show of a run (hparams_initial): the class path and the objective's own keys.
+    module = GRPOModule(model_name_or_path="tiny", objective=partial(CISPO, clip_eps_high=0.28))
+    assert module.hparams_initial["objective"] == {
+        "class_path": "llm_pg.core.objectives.CISPO",
+        "init_args": {
+            "aggregation": "seq_mean_token_mean",
+            "entropy_coef": 0.0,
+            "clip_eps_high": 0.28,
+            "ratio_level": "token",
+        },
+    }
+    assert module.hparams_initial["ppo_epochs"] == 2 and module.hparams_initial["evaluation"] == Evaluation()
+    default = ReinforceModule(model_name_or_path="tiny").hparams_initial["objective"]
+    assert default["class_path"] == "llm_pg.core.objectives.SequenceMean"

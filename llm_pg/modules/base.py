@@ -54,6 +54,7 @@ from llm_pg.modules.settings import (
     check_objective,
     check_off_policy_mask,
     check_settings,
+    objective_config,
     objective_factory,
 )
 from llm_pg.modules.update import UpdateContext, run_update, steps_per_pass
@@ -174,7 +175,7 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["objective"])  # a class with its settings: see `objective_factory`
+        self.save_hyperparameters(ignore=["objective"])  # a class with its settings: recorded by `record_objective`
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold trainable weights only (the reference never)
         self.lora = lora
@@ -190,7 +191,13 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         check_objective(self.objective)
         check_off_policy_mask(self.hparams, self.correction, self.needs_pi_old)
         resolve_model_path(model_name_or_path)  # a missing local directory fails here, before any loading
+        self.record_objective()
         self._start_state(max_skipped_iterations)
+
+    def record_objective(self) -> None:
+        """The objective in `hparams` (what the loggers and W&B show of a run's settings) as the config spells it:
+        its class path and its own settings."""
+        self.save_hyperparameters({"objective": objective_config(self.objective)})  # merged into what is saved
 
     def _start_state(self, max_skipped_iterations: int) -> None:
         """The run's state before any iteration (what checkpoints save and restore), and the fit's components, built

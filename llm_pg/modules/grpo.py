@@ -46,6 +46,7 @@ class GRPOModule(PolicyGradientModule):
         check_grpo_settings(ppo_epochs)
         super().__init__(*args, objective=objective, **kwargs)
         self.save_hyperparameters(ignore=["objective"])
+        self.record_objective()
         if not self.needs_pi_old:
             raise ValueError(
                 f"model.objective={type(self.objective).__name__} has no ratio, and GRPO reuses each rollout for "

@@ -5,6 +5,7 @@ Each failure is one line: `model.<key> must be <rule>, got <value>; <how to fix 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 from collections.abc import Callable
@@ -310,6 +311,13 @@ def objective_factory(objective: Any) -> Callable[[LossTerms], Objective]:
         return objective
     _fail("objective", "an objective class (class_path) or a short name", objective, "e.g. objective: clip")
     raise AssertionError  # unreachable: _fail raises
+
+
+def objective_config(objective: Objective) -> dict[str, Any]:
+    """`objective` as a config spells it: `{class_path, init_args}`, its own settings without the module's terms."""
+    cls = type(objective)
+    own = {f.name: getattr(objective, f.name) for f in dataclasses.fields(objective) if f.name != "terms"}
+    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": own}
 
 
 def check_objective(objective: Objective) -> None:
