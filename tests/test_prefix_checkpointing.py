@@ -185,7 +185,9 @@ def test_a_checkpointed_run_with_sharing_trains_like_one_without(tmp_path, qwen_
     runs = {}
     for share in ("true", "false"):
         shared_in_graph.clear()
-        runs[share] = fit(tmp_path / share, qwen_model_dir, *common, f"--model.init_args.speed.share_prompt_prefix={share}")
+        runs[share] = fit(
+            tmp_path / share, qwen_model_dir, *common, f"--model.init_args.speed.share_prompt_prefix={share}"
+        )
         if share == "true":
             assert shared_in_graph.count(True) == 3 * 2 * 4  # iterations x epochs x forwards: every training forward
     weights = {share: {n: p.detach() for n, p in cli.model.policy.named_parameters()} for share, cli in runs.items()}

@@ -254,7 +254,9 @@ def test_a_run_with_sharing_trains_like_one_without(tmp_path, eos_model_dir, mon
     runs = {}
     for share in ("true", "false"):
         running.append(share)
-        runs[share] = fit(tmp_path / share, eos_model_dir, *common, f"--model.init_args.speed.share_prompt_prefix={share}")
+        runs[share] = fit(
+            tmp_path / share, eos_model_dir, *common, f"--model.init_args.speed.share_prompt_prefix={share}"
+        )
     assert len(groups["true"]) == 3 * 2 * 4 and all(len(g) == 1 for g in groups["true"])  # one prompt each
     assert any(len(g) == 2 for g in groups["false"])  # shuffled: some micro-batch mixes the two prompts
     weights = {share: dict(cli.model.policy.named_parameters()) for share, cli in runs.items()}
