@@ -3,7 +3,8 @@ refuses a template that rewrites earlier turns (multi-turn episodes: `llm_pg.eng
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 # Reasoning blocks, which some templates drop from earlier turns: one with text, and an empty one.
 PROBE_THINKING = ("<think>\nfirst thought\n</think>\n\n", "<think>\n\n</think>\n\n")
@@ -91,3 +92,30 @@ class ChatObservations:
                     "rewrites earlier turns or the generation prompt); use a prefix-preserving template (tokenizer "
                     "chat_template) for tool tasks"
                 )
+
+
+def tool_schemas(tools: Sequence[Callable[..., Any] | Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each tool's JSON schema by name, what the chat template's `tools=` block shows the model and what
+    `llm_pg.data.tasks.tool_calls.check_call` checks a call against: a typed function's from transformers'
+    `get_json_schema` (its type hints, and its docstring's summary and `Args:`), an explicit schema as given. A function
+    whose hints or docstring transformers cannot read is refused in one line naming it."""
+    from transformers.utils import get_json_schema
+
+    schemas: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        if isinstance(tool, Mapping):
+            schema = dict(tool)
+        else:
+            try:
+                schema = get_json_schema(tool)
+            except Exception as error:  # transformers' DocstringParsingException / TypeHintParsingException
+                name = getattr(tool, "__name__", repr(tool))
+                raise ValueError(
+                    f"tool {name}: no JSON schema ({str(error).splitlines()[0]}); give it type hints and a docstring "
+                    "with a summary line and an Args: entry per parameter, or pass its schema as a mapping"
+                ) from None
+        name = schema.get("function", schema).get("name")
+        if not isinstance(name, str) or name in schemas:
+            raise ValueError(f"tool schema {schema!r:.80}: each tool needs a name of its own")
+        schemas[name] = schema
+    return schemas

@@ -12,7 +12,10 @@ tool raises, or a tool that hangs, exits or returns a non-string, stops the run 
 Tools with state (a scratch file system, a game) subclass `ToolEnvironment`: `ToolTask.environment(example)` makes
 a fresh one for every row of every rollout, so nothing carries over between rows or iterations.
 
-No JSON schemas, no parallel calls in one turn, no remote tools: one call per turn, by tag.
+The episodes speak this tag dialect: one call per turn, no remote tools. The JSON function calls of real chat models
+(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, several a turn, checked against each tool's JSON schema)
+are parsed by `llm_pg.data.tasks.tool_calls`, with schemas from `llm_pg.models.chat.tool_schemas`; the episode loop
+does not speak them yet (issue 41).
 """
 
 from __future__ import annotations
