@@ -1,9 +1,11 @@
 """Every `model.init_args` key is checked in the constructor, with one line naming the key, the value and a fix."""
 
 import importlib.util
+from dataclasses import asdict
 from functools import partial
 
 import pytest
+import yaml
 
 from llm_pg.core.objectives import CISPO, ClippedSurrogate, SequenceMean
 from llm_pg.models.loading import LoRA
@@ -163,6 +165,8 @@ def test_the_saved_settings_show_the_objective_as_a_config_spells_it():
             "ratio_level": "token",
         },
     }
-    assert module.hparams_initial["ppo_epochs"] == 2 and module.hparams_initial["evaluation"] == Evaluation()
+    assert module.hparams_initial["ppo_epochs"] == 2 and module.hparams_initial["evaluation"] == asdict(Evaluation())
+    saved = {k: v for k, v in module.hparams_initial.items() if k != "lora"}
+    assert yaml.safe_load(yaml.safe_dump(saved)) == saved  # hparams.yaml loads with a safe loader
     default = ReinforceModule(model_name_or_path="tiny").hparams_initial["objective"]
     assert default["class_path"] == "llm_pg.core.objectives.SequenceMean"

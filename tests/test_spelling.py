@@ -10,7 +10,7 @@ from conftest import ROOT
 from llm_pg.cli.fit import main
 from llm_pg.runs import spelling
 from llm_pg.runs.config import class_defaults, config_changes
-from llm_pg.runs.spelling import upgrade_args, upgrade_config
+from llm_pg.runs.spelling import load_config, upgrade_args, upgrade_config
 
 # The main job's checkpoint config as the code of 2026-12-04 stored it (read from its iter_00020.ckpt header): a
 # resume from that checkpoint with today's config continued it bit for bit (the note of issue 40).
@@ -88,10 +88,51 @@ def test_todays_configs_load_without_a_note(capsys):
         (["--data.eval_batch_size", "8"], ["--data.validate_batch_size=8"]),
         (["--model.init_args.objective", "gspo"], ["--model.init_args.objective=llm_pg.core.objectives.GSPO"]),
         (["--run_name", "clip", "--model.init_args.lr=1e-4"], ["--run_name", "clip", "--model.init_args.lr=1e-4"]),
+        (["--model.objective", "cispo"], ["--model.objective=llm_pg.core.objectives.CISPO"]),
+        (["--model.objective.help", "gspo"], ["--model.objective.help=llm_pg.core.objectives.GSPO"]),
+        (["--model.eval_every", "5"], ["--model.evaluation.every=5"]),
+        (["--model.init_args.tis_cap", "--seed", "1"], ["--model.init_args.tis_cap", "--seed", "1"]),  # no value
+        (["--model.init_args.ratio_level=token"], []),  # the clipped surrogate's own
+        (
+            ["--model.init_args.ratio_level=sequence", "--model.init_args.policy_loss=cispo"],
+            ["--model.init_args.objective=llm_pg.core.objectives.CISPO",
+             "--model.init_args.objective.init_args.ratio_level=sequence"],
+        ),
+        (["--model.init_args.policy_loss=clip", "--model.init_args.ratio_level=sequence"],
+         ["--model.init_args.objective=llm_pg.core.objectives.GSPO"]),
     ],
 )  # fmt: skip
 def test_old_flags_become_new_flags(words, expected):
     assert upgrade_args(["fit", *words]) == ["fit", *expected]
+
+
+def test_what_the_old_spelling_refused_stays_refused():
+    with pytest.raises(ValueError, match="sets tis_cap and sampler_is_mode"):
+        upgrade_args(["--model.init_args.sampler_is_mode=token_mask", "--model.init_args.tis_cap", "2"])
+    with pytest.raises(ValueError, match="sets tis_cap and sampler_is_mode or sampler_is_max"):
+        upgrade_config({"model": {"init_args": {"tis_cap": 2.0, "sampler_is_max": 3.0}}})
+    reinforce = {"class_path": "llm_pg.modules.ReinforceModule", "init_args": {"clip_eps_high": 0.28}}
+    with pytest.raises(ValueError, match="for ReinforceModule, whose objective, sequence_mean, has no ratio"):
+        upgrade_config({"model": reinforce})
+
+
+def test_an_old_grpo_config_switched_to_reinforce_trains_reinforces_objective(capsys, tmp_path):
+    old = yaml.safe_load(MAIN_JOB.read_text())
+    old["model"]["init_args"] |= {"loss_aggregation": "seq_mean_token_mean", "entropy_coef": 0.0}  # the defaults
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(old))
+    switch = "--model.class_path=llm_pg.modules.ReinforceModule"
+    printed, err = _printed(capsys, f"--config={path}", switch)
+    assert printed["model"]["init_args"]["objective"]["class_path"] == "llm_pg.core.objectives.SequenceMean"
+    assert "loss_aggregation -> (the default)" in err
+    printed, _ = _printed(capsys, f"--config={MAIN_JOB}", switch)  # today's main job names no objective either
+    assert printed["model"]["init_args"]["objective"]["class_path"] == "llm_pg.core.objectives.SequenceMean"
+
+
+def test_yaml_is_read_as_jsonargparse_reads_it_and_a_model_file_is_upgraded_too():
+    assert load_config("run_name: 2026-12-05\nlr: 1e-3")["run_name"] == "2026-12-05"  # not a date
+    model = load_config("class_path: llm_pg.modules.GRPOModule\ninit_args: {eval_every: 3, tis_cap: 1.5}")
+    assert model["init_args"] == {"evaluation": {"every": 3}, "correction": {"mode": "token_truncate", "max": 1.5}}
 
 
 def test_a_key_spelled_both_ways_is_refused_naming_both():

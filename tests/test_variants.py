@@ -470,8 +470,10 @@ def test_reinforce_takes_no_grpo_key(capsys, monkeypatch, tmp_path):
 def test_switching_a_grpo_config_to_reinforce_drops_ppo_epochs_and_keeps_the_named_objective(
     tmp_path, random_model_dir
 ):
-    # The tiny GRPO config names its objective (ClippedSurrogate): REINFORCE then clips with it (one pass of one
-    # optimizer step: rho = 1 and the gradient is the sequence mean's); `objective: sequence_mean` is the course's.
+    # An objective named before the switch (here its clip_eps_high, which makes GRPO's default ClippedSurrogate
+    # explicit) is kept: REINFORCE then clips with it (one pass of one optimizer step: rho = 1 and the gradient is the
+    # sequence mean's); `objective: sequence_mean` is the course's. Without either, the switch trains SequenceMean
+    # (tests/test_spelling.py).
     for name, objective in (("named", []), ("course", ["--model.init_args.objective=sequence_mean"])):
         cli = fit(
             tmp_path / name,

@@ -157,9 +157,12 @@ class RunSession:
 
 class LLMPGCLI(LightningCLI):
     def __init__(self, *args, session: RunSession | None = None, **kwargs) -> None:
+        if kwargs.get("args") is not None:  # a command line from before the settings were grouped, for every caller
+            kwargs["args"] = upgrade_args(list(kwargs["args"]))
         self.session = session or RunSession(kwargs.get("args"))
         self.summary: dict[str, Any] | None = None  # the end-of-run numbers (`llm_pg.cli.summary.summarize_run`)
         kwargs.setdefault("parser_class", OneLineErrorParser)
+        kwargs.setdefault("parser_kwargs", PARSER_KWARGS)  # config files through the spelling shim
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -240,7 +243,7 @@ class LLMPGCLI(LightningCLI):
         """The iteration of checkpoint `path`; RunDirError when it was trained under other settings than `current`."""
         iteration, stored = read_header(path)
         if stored is not None:
-            upgrade_config(stored)  # a checkpoint from before the settings were grouped: its keys in today's spelling
+            upgrade_config(stored, stored=True)  # a checkpoint from before the groups: its keys in today's spelling
             changes = config_changes(stored, current, class_defaults(current))
             if changes:
                 raise RunDirError(
@@ -395,8 +398,6 @@ def _first_save(cadence, directory: Path) -> int:
 
 def run_cli(args: list[str] | None = None, session: RunSession | None = None) -> LLMPGCLI:
     """LightningCLI on `args` (None: sys.argv). Raises RunInterrupted when SIGTERM/SIGINT stopped `fit`."""
-    if args is not None:
-        args = upgrade_args(args)
     session = session or RunSession(args)
     try:
         return LLMPGCLI(
@@ -405,7 +406,6 @@ def run_cli(args: list[str] | None = None, session: RunSession | None = None) ->
             subclass_mode_model=True,
             seed_everything_default=False,
             save_config_kwargs={"overwrite": True},
-            parser_kwargs=PARSER_KWARGS,
             trainer_defaults={"log_every_n_steps": 1, "max_epochs": -1, "enable_model_summary": False},
             args=args,
             session=session,
@@ -426,7 +426,11 @@ def main(argv: list[str] | None = None) -> None:
     if "--debug" in words:
         words.remove("--debug")
         os.environ["LLM_PG_DEBUG"] = "1"
-    words = upgrade_args(words)  # a command line from before the settings were grouped
+    try:
+        words = upgrade_args(words)  # a command line from before the settings were grouped
+    except ValueError as error:
+        print(f"llm-pg: error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
     add_config_dirs(words)  # modules named in a config resolve beside it (llm_pg.data.user_code)
     session = RunSession(words)
     sys.argv[1:] = words  # LightningCLI reads sys.argv itself (and warns when given args that differ from it)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
+from dataclasses import asdict
 
 import lightning as L
 import torch
@@ -195,9 +196,10 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
         self._start_state(max_skipped_iterations)
 
     def record_objective(self) -> None:
-        """The objective in `hparams` (what the loggers and W&B show of a run's settings) as the config spells it:
-        its class path and its own settings."""
-        self.save_hyperparameters({"objective": objective_config(self.objective)})  # merged into what is saved
+        """The objective and the groups in `hparams` (what the loggers, W&B and `hparams.yaml` show of a run's
+        settings) as a config spells them: the objective's class path and its own settings, each group a mapping."""
+        groups = {name: asdict(getattr(self, name)) for name in GROUPS}
+        self.save_hyperparameters({"objective": objective_config(self.objective), **groups})  # merged
 
     def _start_state(self, max_skipped_iterations: int) -> None:
         """The run's state before any iteration (what checkpoints save and restore), and the fit's components, built

@@ -74,7 +74,9 @@ class Correction:
 
 @dataclass(frozen=True)
 class Speed:
-    """Levers that change what an iteration costs, not what it computes (to float rounding).
+    """Levers of what an iteration costs. Each computes the same step to float rounding, except
+    `share_prompt_dropout` (correlated dropout masks: the same expected gradient, another variance) and
+    `reuse_first_pass_logp` (pi_old of the dropout-perturbed policy), which say so below.
 
     Args:
         gradient_checkpointing: recompute activations in the backward pass to save memory.

@@ -25,9 +25,10 @@ from llm_pg.modules.base import PolicyGradientModule
 
 
 class ReinforceModule(PolicyGradientModule):
-    """GR-REINFORCE: one pass over each rollout. Takes every `PolicyGradientModule` argument, with its own default
-    objective, the course's sequence mean (`sequence_mean`). `ppo_epochs` is GRPO's alone: a config that sets it
-    here is refused naming the key (`llm_pg.modules.settings.grpo_key_hint`).
+    """GR-REINFORCE: one pass over each rollout, every `PolicyGradientModule` argument.
+
+    Its default objective is the course's sequence mean (`sequence_mean`). `ppo_epochs` is GRPO's alone: a config that
+    sets it here is refused naming the key (`llm_pg.modules.settings.grpo_key_hint`).
 
     Args:
         objective: `sequence_mean` (the course), or an objective with a ratio (`clip`, `gspo`, `cispo`).

@@ -356,7 +356,7 @@ def grpo_key_hint(message: str) -> str:
     for key in GRPO_KEYS:
         if "ReinforceModule" in message and f"Option '{key}' is not accepted" in message:
             return (
-                f"{message}: model.{key} is a GRPOModule key, and REINFORCE makes one on-policy pass with no ratio "
-                f"to clip or reuse; remove {key}, or use llm_pg.modules.GRPOModule"
+                f"{message}: model.{key} is a GRPOModule key, and REINFORCE makes one pass over each rollout; "
+                f"remove {key}, or use llm_pg.modules.GRPOModule"
             )
     return message
