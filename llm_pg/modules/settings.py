@@ -9,7 +9,7 @@ import dataclasses
 import importlib.util
 import math
 from collections.abc import Callable
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NoReturn, get_args
 
 from llm_pg.core.advantages import ADVANTAGE_ESTIMATORS
 from llm_pg.core.correction import SAMPLER_IS_MODES, SEQUENCE_MODES
@@ -22,7 +22,7 @@ RolloutEngine = Literal["hf", "vllm"]
 ROLLOUT_ENGINES = get_args(RolloutEngine)
 
 
-def _fail(key: str, rule: str, value: Any, fix: str) -> None:
+def _fail(key: str, rule: str, value: Any, fix: str) -> NoReturn:
     raise ValueError(f"model.{key} must be {rule}, got {value!r}; {fix}")
 
 
@@ -310,7 +310,6 @@ def objective_factory(objective: Any) -> Callable[[LossTerms], Objective]:
     if callable(objective):
         return objective
     _fail("objective", "an objective class (class_path) or a short name", objective, "e.g. objective: clip")
-    raise AssertionError  # unreachable: _fail raises
 
 
 def objective_config(objective: Objective) -> dict[str, Any]:

@@ -10,11 +10,12 @@ is said once, in one line, with the new spelling; a key spelled both ways is ref
 from __future__ import annotations
 
 import sys
+from dataclasses import MISSING, fields
 from typing import Any
 
 from jsonargparse import get_loader
 
-from llm_pg.core.objectives import OBJECTIVES
+from llm_pg.core.objectives import OBJECTIVES, ClippedSurrogate
 
 # model.init_args: old flat key -> (group, key in the group)
 MOVED = {
@@ -48,7 +49,8 @@ OBJECTIVE_KEYS = {
     "clip_eps_high": "clip_eps_high",
     "ratio_level": "ratio_level",
 }
-OBJECTIVE_DEFAULTS = {"aggregation": "seq_mean_token_mean", "entropy_coef": 0.0, "clip_eps_high": None}
+# The objective's own keys at their defaults (the clipped surrogate's, which has all the old keys but ratio_level)
+OBJECTIVE_DEFAULTS = {f.name: f.default for f in fields(ClippedSurrogate) if f.default is not MISSING}
 DATA_MOVED = {"eval_batch_size": "validate_batch_size"}
 # A short objective name (`objective: cispo`) -> its class path, the form jsonargparse takes.
 OBJECTIVE_PATHS = {name: f"{cls.__module__}.{cls.__qualname__}" for name, cls in OBJECTIVES.items()}
