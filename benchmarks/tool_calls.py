@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/tool_calls.py --model smollm2-135m-instruct --samples 4
     .venv/bin/python benchmarks/tool_calls.py --model tiny-tools --no-system-prompt
+    .venv/bin/python benchmarks/tool_calls.py --model qwen2.5-coder-0.5b-instruct --call-format json \
+        --mul-range 100 999 [--max-turns 1]      # JSON calls, the tool in the template's tools= block (1: no tool)
 
 Episodes run through the trainer's own loop (`llm_pg.engines.episodes.run_episodes`, HF engine) on calc_arith's
 eval set; prints, per decoding, the share of episodes with a call, exact match, mean turns, and a few transcripts.
@@ -16,7 +18,7 @@ import time
 import torch
 
 from llm_pg.data.tasks import CalcArithTask
-from llm_pg.engines.episodes import run_episodes
+from llm_pg.engines.episodes import KINDS, run_episodes
 from llm_pg.engines.hf import HFEngine
 from llm_pg.models.generation import Sampling, eos_token_ids
 from llm_pg.models.loading import load_tokenizer, resolve_model_path
@@ -33,16 +35,27 @@ def main() -> None:
     parser.add_argument("--system-prompt", default=None, help="another system turn than calc_arith's default")
     parser.add_argument("--prompt-template", default="{expr}=?", help="the user turn ({expr}: the product)")
     parser.add_argument("--show", type=int, default=3, help="transcripts printed per decoding")
+    parser.add_argument("--call-format", choices=["tags", "json"], default="tags")
+    parser.add_argument("--mul-range", type=int, nargs=2, default=[10, 99], help="both operands' inclusive range")
+    parser.add_argument("--max-turns", type=int, default=3, help="1: the task without the tool")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(args.model)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype))
     prompt = {"system_prompt": None} if args.no_system_prompt else {}
     if args.system_prompt is not None:
         prompt = {"system_prompt": args.system_prompt}
-    task = CalcArithTask(eval_size=args.eval_size, prompt_template=args.prompt_template, **prompt)
+    task = CalcArithTask(
+        mul_range=tuple(args.mul_range),
+        max_turns=args.max_turns,
+        eval_size=args.eval_size,
+        prompt_template=args.prompt_template,
+        call_format=args.call_format,
+        **prompt,
+    )
     engine, eos = HFEngine(model, tokenizer), eos_token_ids(model, tokenizer)
     examples = task.eval_examples
     for name, sampling, count in (
@@ -64,6 +77,14 @@ def main() -> None:
             f"tool errors {out.tool_errors.sum().item()}, truncated {out.truncated.float().mean():.3f} "
             f"({time.perf_counter() - start:.0f} s)"
         )
+        if out.tool_error_kinds is not None:
+            kinds = {
+                str(kind): int(n) for kind, n in zip(KINDS, out.tool_error_kinds.sum(0).tolist(), strict=True) if n
+            }
+            print(
+                f"    errors by kind: {kinds or 'none'}; "
+                f"tokens per episode {out.completion_attention.sum(1).float().mean():.1f}"
+            )
         for transcript in out.transcripts[: args.show]:
             print("   ", repr(transcript[:300]))
 

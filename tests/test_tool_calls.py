@@ -9,7 +9,14 @@ from typing import Literal
 import pytest
 from transformers.utils import get_json_schema
 
-from llm_pg.data.tasks.tool_calls import CallError, CallErrorKind, CallLimits, ToolCall, load_json, parse_calls
+from llm_pg.data.tasks.tool_calls import (
+    CallError,
+    CallErrorKind,
+    CallLimits,
+    ToolCall,
+    load_json,
+    parse_calls,
+)
 from llm_pg.models.chat import tool_schemas
 
 
@@ -172,3 +179,25 @@ def test_load_json_bounds_size_and_depth_before_parsing():
     assert load_json('  {"a": [1, {"b": null}]} ') == {"a": [1, {"b": None}]}
     assert load_json('"' + "x" * 9000 + '"').kind == CallErrorKind.BAD_JSON
     assert load_json('["[[[[[[[[[[[[[[[[[[[[["]') == ["[[[[[[[[[[[[[[[[[[[[["]  # brackets inside a string do not nest
+
+
+def test_a_turn_that_is_one_bare_or_fenced_call_object_is_a_call():
+    """Llama 3.x's form, and Qwen2.5-Coder-0.5B's habit: the whole turn is the call, without `<tool_call>` tags."""
+    bare = '{"name": "calculator", "arguments": {"expression": "37*48"}}'
+    fenced = '```json\n{\n  "name": "calculator",\n  "parameters": {\n    "expression": "58*91"\n  }\n}\n```'
+    assert parse_calls(bare, SCHEMAS) == [ToolCall("calculator", {"expression": "37*48"})]
+    assert parse_calls(f"  {bare}\n", SCHEMAS) == [ToolCall("calculator", {"expression": "37*48"})]
+    assert parse_calls(fenced, SCHEMAS) == [ToolCall("calculator", {"expression": "58*91"})]  # "parameters" read too
+    assert parse_calls('{"name": "abacus", "arguments": {}}', SCHEMAS)[0].kind == CallErrorKind.UNKNOWN_TOOL
+    for answer in (
+        '{"answer": 5}',  # JSON, but no name: an answer
+        f"The call would be {bare}",  # text around it: not the whole turn
+        f"```json\n{bare}",  # an unclosed fence
+        "{" * 10_000,  # not JSON
+        '{"name": 5}',  # a name that is not a string
+        "\\boxed{5}",
+    ):
+        assert parse_calls(answer, SCHEMAS) == [], answer
+    assert parse_calls(bare, SCHEMAS, CallLimits(whole_turn=False)) == []
+    tagged = f"<tool_call>{bare}</tool_call>"
+    assert parse_calls(tagged + "\n" + bare, SCHEMAS) == [ToolCall("calculator", {"expression": "37*48"})]  # tags win

@@ -18,7 +18,7 @@ from llm_pg.runs.directory import run_dir
 # `iteration` first: `llm_pg.runs.logs.trim_logs` reads it to drop the rows a resume replays.
 LEADING = ["iteration", "prompt", "answer", "completion", "reward"]
 TRAILING = ["correct", "advantage", "length", "truncated"]
-EPISODE = ["turns", "tool_calls"]  # a tool task's rows
+EPISODE = ["turns", "tool_calls", "calls"]  # a tool task's rows
 
 
 def table_rows(
@@ -39,8 +39,10 @@ def table_rows(
     `max_new_tokens`).
 
     A tool task's rows (episodes) show the transcript as the completion (the model's turns and the observations,
-    with the chat template's turn boundaries), `length` counts the whole region (turns and observations), and two
-    more columns give the model's `turns` and the `tool_calls` run."""
+    with the chat template's turn boundaries), `length` counts the whole region (turns and observations), and three
+    more columns give the model's `turns`, the `tool_calls` made and the `calls` themselves (a list, each with its
+    turn, tool name, arguments, observation and, when it was answered with one, its error kind; in the W&B table as
+    JSON text)."""
     count = min(len(rollout), max(group_size, max_rows // group_size * group_size))
     ids = rollout.completion_ids[:count]  # [n, C]
     episodes = rollout.turns is not None
@@ -53,6 +55,7 @@ def table_rows(
     components = list(scores[0].components) if scores else []
     columns = LEADING + [f"reward_{name}" for name in components] + TRAILING + (EPISODE if episodes else [])
     shown = rollout.transcripts if episodes else rollout.texts
+    calls = rollout.calls or [[] for _ in range(count)]
     rows = []
     for i in range(count):
         example = examples[rollout.prompt_index[i]]
@@ -61,7 +64,7 @@ def table_rows(
             [iteration, example.prompt, example.answer, shown[i], float(score.total)]  # the task's value
             + [float(score.components.get(name, 0.0)) for name in components]
             + [bool(score.correct), float(rollout.advantages[i]), int(lengths[i]), bool(truncated[i])]
-            + ([int(rollout.turns[i]), int(rollout.tool_calls[i])] if episodes else [])
+            + ([int(rollout.turns[i]), int(rollout.tool_calls[i]), calls[i]] if episodes else [])
         )
     return columns, rows
 
@@ -100,4 +103,5 @@ class GenerationsCallback(Callback):
                 f.write(json.dumps(dict(zip(columns, row, strict=True))) + "\n")
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                logger.log_table("generations", columns=columns, data=table, step=module.iteration)
+                cells = [[json.dumps(v) if isinstance(v, list) else v for v in row] for row in table]  # text cells
+                logger.log_table("generations", columns=columns, data=cells, step=module.iteration)

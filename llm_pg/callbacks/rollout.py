@@ -251,7 +251,8 @@ def episode_fields(sample: Generation) -> dict:
     """The per-row episode statistics a `RolloutBatch` carries, on the rollout's device."""
     device = sample.completion_ids.device
     fields = {name: getattr(sample, name).to(device) for name in ("truncated", "turns", "tool_calls", "tool_errors")}
-    return fields | {"transcripts": sample.transcripts}
+    kinds = None if sample.tool_error_kinds is None else sample.tool_error_kinds.to(device)
+    return fields | {"transcripts": sample.transcripts, "calls": sample.calls, "tool_error_kinds": kinds}
 
 
 def row_truncated(rollout: RolloutBatch, eos: list[int]) -> Tensor:
@@ -322,7 +323,7 @@ def rollout_metrics(
     if sampling_seconds is not None and sampling_seconds > 0:
         metrics["time/tokens_per_s"] = lengths.sum().item() / sampling_seconds
     if rollout.turns is not None:  # a tool task's episodes: means per row, and the context the last turn saw
-        sums = episode_sums(rollout.turns, rollout.tool_calls, rollout.tool_errors)
+        sums = episode_sums(rollout.turns, rollout.tool_calls, rollout.tool_errors, rollout.tool_error_kinds)
         metrics |= {f"train/{name}": value / len(rollout) for name, value in sums.items()}
         metrics["train/context_len"] = rollout.attention_mask.sum(1).float().mean().item()
     return metrics

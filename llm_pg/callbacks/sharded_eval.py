@@ -140,7 +140,9 @@ def _evaluate_shard(context: EvalContext, engine, examples: Sequence[Example], i
             texts = generation.texts
             if generation.episodes:
                 shard.transcripts.extend(generation.transcripts)
-                sums = episode_sums(generation.turns, generation.tool_calls, generation.tool_errors)
+                sums = episode_sums(
+                    generation.turns, generation.tool_calls, generation.tool_errors, generation.tool_error_kinds
+                )
                 for name, value in sums.items():
                     shard.metrics[name] = shard.metrics.get(name, 0.0) + value
             scores = checked_scores(context.sampler.scorer, texts, batch, iteration, "evaluation at")  # once each

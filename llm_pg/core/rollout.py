@@ -68,6 +68,9 @@ class RolloutBatch:
     texts: list[str] = field(default_factory=list)  # [N] decoded completions (an episode's: the model's turns)
     prompt_index: list[int] = field(default_factory=list)  # [N] which prompt of the batch each row answers
     transcripts: list[str] = field(default_factory=list)  # [N] episodes only: turns and observations, as sampled
+    # JSON tool calls only: [N, K] long, each row's errors by kind (`llm_pg.engines.episodes.KINDS`)
+    tool_error_kinds: Tensor | None = None
+    calls: list[list[dict]] = field(default_factory=list)  # [N] episodes only: each call with its observation
 
     def __post_init__(self) -> None:
         n = self.input_ids.shape[0]

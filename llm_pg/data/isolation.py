@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from llm_pg.data.tasks.base import Example, RewardError, Score, Task
-from llm_pg.data.tasks.tools import ToolEnvironment, ToolOutcome, ToolTask, call_tool
+from llm_pg.data.tasks.tools import ToolEnvironment, ToolInput, ToolOutcome, ToolTask, call_tool
 
 GRACE_SECONDS = 5.0  # after the watchdog's time: the parent kills a worker that is still alive
 START_SECONDS = 120.0  # a worker's spawn and imports (torch, sympy, the user's modules), before any time limit
@@ -57,7 +57,7 @@ class Request(StrEnum):
     """What a worker is asked to do with a payload (`serve_one`)."""
 
     SCORE = "score"  # payload: (completion, example)
-    TOOL = "tool"  # payload: (environment, tool name, text)
+    TOOL = "tool"  # payload: (environment, tool name, input text or keyword arguments)
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,10 @@ def score_one(task: Task, completion: str, example: Example) -> Score | Failure:
         return failure_of(error)
 
 
-def tool_one(task: Task, environment: ToolEnvironment, name: str, text: str) -> ToolOutcome | Failure:
+def tool_one(task: Task, environment: ToolEnvironment, name: str, arguments: ToolInput) -> ToolOutcome | Failure:
     """`call_tool`, every way a tool can fail (other than a `ToolError`, an observation) turned into a `Failure`."""
     try:
-        return call_tool(environment, name, text)
+        return call_tool(environment, name, arguments)
     except (SystemExit, KeyboardInterrupt, Exception) as error:
         return failure_of(error)
 
@@ -263,7 +263,7 @@ class RewardWorkers:
         being scored finish): the rows left get a `FailureKind.SKIPPED` failure, since the run stops at the first."""
         return self.serve([(Request.SCORE, pair) for pair in zip(completions, examples, strict=True)])
 
-    def call_tools(self, calls: Sequence[tuple[ToolEnvironment, str, str]]) -> list[ToolOutcome | Failure]:
+    def call_tools(self, calls: Sequence[tuple[ToolEnvironment, str, ToolInput]]) -> list[ToolOutcome | Failure]:
         """One outcome per `(environment, tool name, input)` call, in order, each under the time limit; as `score`
         after a failure."""
         return self.serve([(Request.TOOL, call) for call in calls])
@@ -376,7 +376,7 @@ class TaskScorer:
             return self.pool.score(completions, examples)
         return [score_one(self.task, c, e) for c, e in zip(completions, examples, strict=True)]
 
-    def call_tools(self, calls: Sequence[tuple[ToolEnvironment, str, str]]) -> list[ToolOutcome | Failure]:
+    def call_tools(self, calls: Sequence[tuple[ToolEnvironment, str, ToolInput]]) -> list[ToolOutcome | Failure]:
         """One outcome per `(environment, tool name, input)` call: in the workers (the same time limit as a reward)
         when the task's tools are user code, else in this process."""
         if self.pool is not None:

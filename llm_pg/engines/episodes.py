@@ -3,10 +3,13 @@
 `run_episodes` samples `num_samples` episodes per prompt. Every turn it asks the engine to continue the rows still
 running from their token ids (`engine.continue_ids`: HF and vLLM both, batched, seeded per turn), never from text:
 a sampled id is never decoded and encoded again (BPE is not a bijection, and the loss would then train on tokens
-the model never sampled). A turn ends on an end-of-turn (EOS) id, never on a stop string. When the turn ends with
-a call of one of the task's tools (`ToolTask.find_call`), the call runs (`call_tools`: in the reward workers, under
-their time limit, when the tools are user code) and the observation's tokens are appended, taken from the model's
-own chat template (`ChatObservations`); a turn without a call, or a turn cut by the token budget, ends the episode.
+the model never sampled). A turn ends on an end-of-turn (EOS) id, never on a stop string. When the finished turn
+holds calls of the task's tools (`ToolTask.calls`, in the task's call format), they run in order (`call_tools`: in
+the reward workers, under their time limit, when the tools are user code; the k-th calls of all rows together, each
+row's environment carried from its call to the next), a call the model got wrong is answered with its error, and
+the observation's tokens are appended, taken from the model's own chat template (`ChatObservations`: the tool
+turn(s) rendered after the conversation, with the JSON tools' schemas as `tools=` as in the prompt, and cut after
+the model's end-of-turn token). A turn without a call, or a turn cut by the token budget, ends the episode.
 
 The completion region of a row is `[turn 1 | observation 1 | turn 2 | ...]`: the attention mask covers all of it,
 the loss mask only the model's turns (each with its end token). Limits: `max_turns` model turns (a call in the
@@ -28,18 +31,21 @@ from torch import Tensor
 from llm_pg.core.rollout import derive_seed
 from llm_pg.data.isolation import TaskScorer
 from llm_pg.data.tasks.base import Example, Task
+from llm_pg.data.tasks.tool_calls import CallError, CallErrorKind, ToolCall
 from llm_pg.data.tasks.tools import ToolTask, model_text
-from llm_pg.models.chat import ChatObservations, TemplateError
+from llm_pg.models.chat import ChatObservations, TemplateError, task_tool_schemas
 from llm_pg.models.generation import Generation, Sampling, encode_prompts, pad_token_id
 from llm_pg.models.parallel import unsharded
 from llm_pg.runs.guards import RunStopped, checked_outcomes, quoted
+
+KINDS = tuple(CallErrorKind)  # the columns of `Generation.tool_error_kinds`
 
 
 @dataclass
 class _Episodes:
     """The episodes in progress, one entry per row: the prompt's ids, the conversation so far (for the template's
     observation framing), the tool environment, the completion region's ids with their loss flags and engine
-    log-probs, the model's turns as text, and the counts."""
+    log-probs, the model's turns as text, the counts (errors also by kind) and the calls with their observations."""
 
     prompts: list[list[int]]
     messages: list[list[dict]]
@@ -51,6 +57,8 @@ class _Episodes:
     calls: list[int] = field(init=False)
     errors: list[int] = field(init=False)
     truncated: list[bool] = field(init=False)
+    kinds: list[list[int]] = field(init=False)
+    log: list[list[dict]] = field(init=False)
     has_logps: bool = False
 
     def __post_init__(self) -> None:
@@ -58,6 +66,7 @@ class _Episodes:
         self.ids, self.loss, self.logps = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
         self.turns = [[] for _ in range(n)]
         self.calls, self.errors, self.truncated = [0] * n, [0] * n, [False] * n
+        self.kinds, self.log = [[0] * len(KINDS) for _ in range(n)], [[] for _ in range(n)]
 
 
 def run_episodes(
@@ -78,9 +87,12 @@ def run_episodes(
     `TaskScorer`, or the task itself: in-process); a tool that fails otherwise than with a `ToolError` raises
     `RunStopped` naming the row and the call (`where`: the phase, for the message)."""
     conversations = [task.messages(e) for e in examples]
+    schemas = hook(task_tool_schemas, task, where=where)  # json calls: the tools= block; tags: None
+    block = list(schemas.values()) if schemas else None
     encoded = encode_prompts(
-        tokenizer, conversations, sampling.max_prompt_tokens, sampling.chat_template, context, sampling.max_new_tokens
-    )
+        tokenizer, conversations, sampling.max_prompt_tokens, sampling.chat_template, context, sampling.max_new_tokens,
+        tools=block,
+    )  # fmt: skip
     prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0)  # [N, P]
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0)  # [N, P]
     n = prompt_ids.shape[0]
@@ -91,7 +103,7 @@ def run_episodes(
         messages=[list(conversations[r // num_samples]) for r in range(n)],
         environments=[hook(task.environment, example, where=where) for example in row_example],
     )
-    observations = ChatObservations(tokenizer, task.observation_role, eos)
+    observations = ChatObservations(tokenizer, task.observation_role, eos, tools=block)
     active = list(range(n))
     for turn in range(1, task.max_turns + 1):
         if not active:
@@ -103,30 +115,20 @@ def run_episodes(
             rows=active,
             seed=None if seed is None else derive_seed(seed, "turn", turn),
         )
-        wanted = _model_turn(episodes, active, new, new_logps, tokenizer, task, set(eos), turn < task.max_turns, where)
-        outcomes = checked_outcomes(
-            scorer,
-            [(episodes.environments[r], name, arg) for r, name, arg in wanted],
-            [f"row {r} (prompt {quoted(row_example[r].prompt, 60)})" for r, _, _ in wanted],
-            where,
-        )
-        active = _observations(
-            episodes, wanted, outcomes, observations, tokenizer, task, sampling.max_new_tokens, where
-        )
-    logps = episodes.logps if episodes.has_logps else None
-    return _assembled(
-        tokenizer, eos, prompt_ids, prompt_mask, episodes.ids, episodes.loss, logps, episodes.turns, episodes.calls,
-        episodes.errors, episodes.truncated,
-    )  # fmt: skip
+        may_call = turn < task.max_turns
+        wanted = _model_turn(episodes, active, new, new_logps, tokenizer, task, schemas, set(eos), may_call, where)
+        answers = _answers(scorer, episodes, wanted, [row_example[r].prompt for r in range(n)], where)
+        active = _observations(episodes, wanted, answers, observations, tokenizer, task, sampling.max_new_tokens, where)
+    return _assembled(tokenizer, eos, prompt_ids, prompt_mask, episodes, json_calls=schemas is not None)
 
 
 def _model_turn(
     episodes: _Episodes, active: list[int], new: list[list[int]], new_logps, tokenizer, task: ToolTask,
-    eos: set[int], may_call: bool, where: str,
+    schemas: dict | None, eos: set[int], may_call: bool, where: str,
 ) -> list[tuple]:  # fmt: skip
     """Append each active row's sampled turn (`new`, with the engine's log-probs `new_logps` or None); returns the
-    calls to run, `(row, tool name, input)`, of the turns that ended on an end-of-turn id with a call (`may_call`:
-    not the last turn). A turn cut by the budget ends its episode."""
+    calls to answer, `(row, [ToolCall | CallError, ...])`, of the turns that ended on an end-of-turn id with calls
+    (`may_call`: not the last turn). A turn cut by the budget ends its episode."""
     episodes.has_logps = episodes.has_logps or new_logps is not None
     wanted = []
     for k, r in enumerate(active):
@@ -140,30 +142,65 @@ def _model_turn(
         if not tokens or tokens[-1] not in eos:
             episodes.truncated[r] = True  # out of tokens mid-turn: the episode ends here
             continue
-        call = hook(task.find_call, text, where=where)
-        if call is not None and may_call:
-            wanted.append((r, *call))
+        if task.call_format == "tags":  # the task's own parser, named if it raises
+            call = hook(task.find_call, text, where=where)
+            calls = [] if call is None else [ToolCall(*call)]
+        else:
+            calls = hook(task.calls, text, schemas, where=where)
+        if calls and may_call:
+            wanted.append((r, calls))
     return wanted
 
 
+def _answers(
+    scorer: TaskScorer, episodes: _Episodes, wanted: list[tuple], prompts: list[str], where: str
+) -> list[list[tuple[str, CallErrorKind | None, ToolCall | None]]]:
+    """Each wanted row's answers, one per call in order: `(observation, error kind or None, the call run or None)`.
+    A `CallError` is answered with its message; the `ToolCall`s run in rounds (the k-th call of every row together,
+    in the reward workers when the tools are user code), each row's environment carried from one call to the next."""
+    answers: list[list] = [[None] * len(calls) for _, calls in wanted]
+    for k in range(max((len(calls) for _, calls in wanted), default=0)):
+        batch = []
+        for i, (r, calls) in enumerate(wanted):
+            if k < len(calls) and isinstance(calls[k], CallError):
+                answers[i][k] = (calls[k].message, calls[k].kind, None)
+            elif k < len(calls):
+                batch.append((i, r, calls[k]))
+        outcomes = checked_outcomes(
+            scorer,
+            [(episodes.environments[r], call.name, call.arguments) for _, r, call in batch],
+            [f"row {r} (prompt {quoted(prompts[r], 60)})" for _, r, _ in batch],
+            where,
+        )
+        for (i, r, call), outcome in zip(batch, outcomes, strict=True):
+            episodes.environments[r] = outcome.environment
+            answers[i][k] = (outcome.observation, CallErrorKind.TOOL_ERROR if outcome.error else None, call)
+    return answers
+
+
 def _observations(
-    episodes: _Episodes, wanted: list[tuple], outcomes, observations: ChatObservations, tokenizer, task: ToolTask,
-    budget: int, where: str,
+    episodes: _Episodes, wanted: list[tuple], answers: list[list[tuple]], observations: ChatObservations,
+    tokenizer, task: ToolTask, budget: int, where: str,
 ) -> list[int]:  # fmt: skip
-    """Append each answered call's observation, framed by the chat template (`observations`), to its row; returns
-    the rows that go on to another turn (an observation that would leave no room for a token after it is dropped,
-    and the row ends on the model's end token)."""
+    """Append each row's answers (one tool turn per call, framed together by the chat template: `observations`) to
+    its row; returns the rows that go on to another turn (an observation that would leave no room for a token after
+    it is dropped, and the row ends on the model's end token)."""
     active = []
-    for (r, _name, _arg), outcome in zip(wanted, outcomes, strict=True):
-        episodes.calls[r] += 1
-        episodes.errors[r] += outcome.error
-        episodes.environments[r] = outcome.environment
-        content = _cut(tokenizer, observations.clean(outcome.observation), task.max_tool_tokens)
+    for (r, _calls), answer in zip(wanted, answers, strict=True):
+        contents = [_cut(tokenizer, observations.clean(text), task.max_tool_tokens) for text, _, _ in answer]
+        for content, (_, kind, call) in zip(contents, answer, strict=True):
+            episodes.calls[r] += 1
+            episodes.errors[r] += kind is not None
+            if kind is not None:
+                episodes.kinds[r][KINDS.index(kind)] += 1
+            entry = {"turn": len(episodes.turns[r])}
+            entry |= {"name": call.name, "arguments": call.arguments} if call is not None else {}
+            episodes.log[r].append(entry | ({"error": str(kind)} if kind else {}) | {"observation": content})
         try:
-            observed = observations.observation_ids(episodes.messages[r], content)
+            observed = observations.observation_ids(episodes.messages[r], contents)
         except TemplateError as error:  # a template the check before training let through
             raise RunStopped(f"{where}: {error}") from None
-        episodes.messages[r].append({"role": task.observation_role, "content": content})
+        episodes.messages[r] += [{"role": task.observation_role, "content": content} for content in contents]
         if len(episodes.ids[r]) + len(observed) >= budget:
             continue  # no room for a turn after it: the row ends on the model's end token
         episodes.ids[r] += observed
@@ -173,21 +210,28 @@ def _observations(
     return active
 
 
-def episode_sums(turns: Tensor, tool_calls: Tensor, tool_errors: Tensor) -> dict[str, float]:
+def episode_sums(
+    turns: Tensor, tool_calls: Tensor, tool_errors: Tensor, kinds: Tensor | None = None
+) -> dict[str, float]:
     """Sums over episodes (`[N]` each) of `turns`, `tool_calls`, `tool_errors` and `tool_call_rate` (episodes with a
-    call): divided by the episode count, the metrics of a rollout and of an evaluation."""
-    return {
+    call), and with JSON calls (`kinds`, `[N, K]`) `tool_errors_<kind>` for each kind: divided by the episode count,
+    the metrics of a rollout and of an evaluation."""
+    sums = {
         "turns": float(turns.sum()),
         "tool_calls": float(tool_calls.sum()),
         "tool_errors": float(tool_errors.sum()),
         "tool_call_rate": float((tool_calls > 0).sum()),
     }
+    if kinds is not None:
+        sums |= {f"tool_errors_{kind}": float(kinds[:, k].sum()) for k, kind in enumerate(KINDS)}
+    return sums
 
 
-def hook(function, argument, where: str):
-    """A task's own method (`environment`, `find_call`) on `argument`; what it raises stops the run in one line."""
+def hook(function, *arguments, where: str):
+    """A task's own method (`environment`, `find_call`, ...) on `arguments`; what it raises stops the run in one
+    line."""
     try:
-        return function(argument)
+        return function(*arguments)
     except Exception as error:
         name = getattr(function, "__qualname__", repr(function))
         raise RunStopped(f"{name} raised during {where}: {type(error).__name__}: {error}") from None
@@ -202,7 +246,9 @@ def _cut(tokenizer, content: str, max_tokens: int) -> str:
     return content if len(tokens) <= max_tokens else tokenizer.decode(tokens[:max_tokens])
 
 
-def _assembled(tokenizer, eos, prompt_ids, prompt_mask, ids, loss, logps, turns, calls, errors, truncated):
+def _assembled(tokenizer, eos, prompt_ids, prompt_mask, episodes: _Episodes, json_calls: bool) -> Generation:
+    ids, loss, turns = episodes.ids, episodes.loss, episodes.turns
+    logps = episodes.logps if episodes.has_logps else None
     n = len(ids)
     width = max(max((len(row) for row in ids), default=0), 1)  # C
     pad = pad_token_id(tokenizer, eos)
@@ -226,10 +272,12 @@ def _assembled(tokenizer, eos, prompt_ids, prompt_mask, ids, loss, logps, turns,
         completion_attention=attention,
         transcripts=[tokenizer.decode(row, skip_special_tokens=False) for row in ids],
         turns=torch.tensor([len(t) for t in turns], dtype=torch.long),
-        tool_calls=torch.tensor(calls, dtype=torch.long),
-        tool_errors=torch.tensor(errors, dtype=torch.long),
-        truncated=torch.tensor(truncated, dtype=torch.bool),
+        tool_calls=torch.tensor(episodes.calls, dtype=torch.long),
+        tool_errors=torch.tensor(episodes.errors, dtype=torch.long),
+        truncated=torch.tensor(episodes.truncated, dtype=torch.bool),
         sampled_logp=sampled,
+        tool_error_kinds=torch.tensor(episodes.kinds, dtype=torch.long).view(n, len(KINDS)) if json_calls else None,
+        calls=episodes.log,
     )
 
 
@@ -280,7 +328,7 @@ class Sampler:
                 where=where,
             )
         for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "completion_attention",
-                     "sampled_logp"):  # fmt: skip
+                     "sampled_logp", "tool_error_kinds"):  # fmt: skip
             value = getattr(generation, name)
             if value is not None:
                 setattr(generation, name, value.to(self.device))

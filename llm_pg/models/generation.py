@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -63,12 +64,18 @@ class Generation:
     # policy itself)
     sampled_logp: Tensor | None = None
     # Episodes only (None for single-turn completions): [N] bool, the last turn ran out of tokens; [N] long model
-    # turns, tool calls run and calls answered with an error; [N] the region decoded with its special tokens
+    # turns, tool calls made and calls answered with an error; [N] the region decoded with its special tokens
     truncated: Tensor | None = None
     turns: Tensor | None = None
     tool_calls: Tensor | None = None
     tool_errors: Tensor | None = None
     transcripts: list[str] = field(default_factory=list)
+    # JSON tool calls only: [N, K] long, the errors of each kind (`llm_pg.data.tasks.tool_calls.CallErrorKind`, K
+    # kinds in its order)
+    tool_error_kinds: Tensor | None = None
+    # [N] episodes only: each row's calls in order, `{"turn", "name", "arguments", "observation"}` (and `"error"`:
+    # the kind, for a call answered with an error), for the generations table
+    calls: list[list[dict[str, Any]]] = field(default_factory=list)
 
     @property
     def episodes(self) -> bool:
@@ -169,18 +176,22 @@ def encode_prompts(
     chat_template: bool = True,
     context: int | None = None,
     max_new_tokens: int = 0,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Tensor]:
     """Left-padded `input_ids`/`attention_mask` `[B, P]` for chat conversations.
 
-    With `chat_template` the tokenizer's template adds the generation prompt; without it the turns'
-    contents are joined by blank lines (for base models that have no template). Prompts longer than
+    With `chat_template` the tokenizer's template adds the generation prompt (and, given `tools`, the JSON schemas'
+    tool block: `tools=`); without it the turns' contents are joined by blank lines (for base models that have no
+    template). Prompts longer than
     `max_prompt_tokens` keep their last tokens, as the question usually sits at the end. With `context` (the
     model's, in tokens), a prompt that leaves fewer than `max_new_tokens` of it raises `PromptTooLong` before any
     tensor is built (a 5 MB data row would otherwise ask for gigabytes of attention).
     """
     if chat_template:
+        extra = {"tools": list(tools)} if tools else {}
         texts = [
-            tokenizer.apply_chat_template(list(c), tokenize=False, add_generation_prompt=True) for c in conversations
+            tokenizer.apply_chat_template(list(c), tokenize=False, add_generation_prompt=True, **extra)
+            for c in conversations
         ]
     else:
         texts = ["\n\n".join(turn["content"] for turn in c) for c in conversations]

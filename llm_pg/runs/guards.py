@@ -11,6 +11,7 @@ with `RunStopped`: no `final/`, no `COMPLETE`, exit 1 from the CLI.
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from llm_pg.data.isolation import Failure, FailureKind, TaskScorer
 from llm_pg.data.tasks.base import Example, Score, Task
-from llm_pg.data.tasks.tools import ToolEnvironment, ToolOutcome
+from llm_pg.data.tasks.tools import ToolEnvironment, ToolInput, ToolOutcome
 from llm_pg.models.generation import PromptTooLong
 
 
@@ -83,7 +84,7 @@ def checked_scores(
 
 
 def checked_outcomes(
-    scorer: TaskScorer, calls: Sequence[tuple[ToolEnvironment, str, str]], rows: Sequence[str], where: str
+    scorer: TaskScorer, calls: Sequence[tuple[ToolEnvironment, str, ToolInput]], rows: Sequence[str], where: str
 ) -> list[ToolOutcome]:
     """Every call's `ToolOutcome` (`TaskScorer.call_tools`); RunStopped, in one line naming the row and the call, at
     the first that raised (other than `ToolError`), returned a non-string, exited, hung past the time limit or took
@@ -91,8 +92,9 @@ def checked_outcomes(
     if not calls:
         return []
     results = scorer.call_tools(calls)
-    for (_, name, text), row, result in zip(calls, rows, results, strict=True):
+    for (_, name, given), row, result in zip(calls, rows, results, strict=True):
         if isinstance(result, Failure) and result.kind != FailureKind.SKIPPED:
+            text = given if isinstance(given, str) else json.dumps(given, ensure_ascii=False)
             what = f"tool {name!r} of task {type(scorer.task).__name__} on {row} of {where} (input {quoted(text, 60)})"
             if result.kind == FailureKind.TIMEOUT:
                 raise RunStopped(

@@ -11,7 +11,7 @@ from typing import Any
 from llm_pg.data.tasks.base import Example, Task
 from llm_pg.data.tasks.tools import ToolTask
 from llm_pg.data.user_code import config_files
-from llm_pg.models.chat import ChatObservations, TemplateError
+from llm_pg.models.chat import ChatObservations, TemplateError, probe_json_call, task_tool_schemas
 
 
 def one_line(message: str) -> str:
@@ -123,7 +123,15 @@ def check_tool_template(tokenizer, task: Task, name: str = "the model", eos: lis
         return
     if eos is None:
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    ChatObservations(tokenizer, task.observation_role, eos, name).check(task.messages(Example("1+1=?", "2")))
+    schemas = task_tool_schemas(task)  # json calls: the tools= block (a function without a readable schema: refused)
+    conversation = task.messages(Example("1+1=?", "2"))
+    if schemas is None:
+        ChatObservations(tokenizer, task.observation_role, eos, name).check(conversation)
+        return
+    observations = ChatObservations(tokenizer, task.observation_role, eos, name, tools=list(schemas.values()))
+    tool = next(iter(schemas), "tool")
+    for results in (1, 2):  # one call a turn, and several answered together
+        observations.check(conversation, call="\n".join([probe_json_call(tool)] * results), results=results)
 
 
 def _check_lora_targets(path: str, targets: list[str]) -> None:

@@ -4,6 +4,7 @@ from llm_pg.data.tasks.arith import ArithTask
 from llm_pg.data.tasks.base import Example, RewardError, Score, Task
 from llm_pg.data.tasks.calc_arith import CalcArithTask
 from llm_pg.data.tasks.dataset import DatasetTask
+from llm_pg.data.tasks.dataset_tools import DatasetToolTask
 from llm_pg.data.tasks.format_copy import FormatCopyTask
 from llm_pg.data.tasks.math_hard import MathHardTask
 from llm_pg.data.tasks.reasoning_gym import BoxedReasoningGymTask, ReasoningGymTask
@@ -14,6 +15,7 @@ __all__ = [
     "BoxedReasoningGymTask",
     "CalcArithTask",
     "DatasetTask",
+    "DatasetToolTask",
     "Example",
     "FormatCopyTask",
     "MathHardTask",

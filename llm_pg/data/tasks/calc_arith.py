@@ -1,6 +1,9 @@
-"""calc_arith: two-digit products answered as `\\boxed{N}`, with a calculator the model may call (a `ToolTask`).
+"""calc_arith: products answered as `\\boxed{N}`, with a calculator the model may call (a `ToolTask`).
 
-The user turn is `37*48=?`. The model may write `<calc>37*48</calc>` and end its turn; the calculator's result
+The user turn is `37*48=?`. With `call_format: tags` (the tiny model's dialect) the model may write
+`<calc>37*48</calc>` and end its turn; with `call_format: json` (real chat models: Qwen2.5, ...) the tool
+`calculator(expression)` is in the chat template's tool block and the model writes
+`<tool_call>{"name": "calculator", "arguments": {"expression": "37*48"}}</tool_call>`. The calculator's result
 (`1776`, or `error: ...` for an expression it refuses) comes back as a tool turn, and the model answers
 `\\boxed{1776}`. Scored as arith and math_hard are (`math_hard.score`) on the model's turns: the last closed box.
 The calculator is `llm_pg.data.tasks.calculator.calculate`: integers only, no `eval`, linear time, bounded input.
@@ -17,16 +20,22 @@ from llm_pg.data.tasks.calculator import CalculatorError, calculate
 from llm_pg.data.tasks.math_hard import BoxedAnswerTask
 from llm_pg.data.tasks.tools import ToolError, ToolTask
 
-__all__ = ["SYSTEM_PROMPT", "CalcArithTask", "calc"]
+__all__ = ["JSON_SYSTEM_PROMPT", "SYSTEM_PROMPT", "CalcArithTask", "calc"]
 
 SYSTEM_PROMPT = (
     "You can use a calculator. To call it, write <calc>EXPRESSION</calc> (for example <calc>12*34</calc>) and end "
     "your message; its result comes back in the next message. Give the final answer as \\boxed{NUMBER}."
 )
+# With JSON calls the chat template describes the tool itself; the system turn asks for the answer's form only.
+JSON_SYSTEM_PROMPT = "You are a helpful assistant. Give the final answer as \\boxed{NUMBER}."
 
 
 def calc(expression: str) -> str:
-    """The calculator tool: the value of an integer expression, or a `ToolError` saying why there is none."""
+    """Evaluate an integer arithmetic expression (+, -, *, //, %, ** and parentheses) and return its value.
+
+    Args:
+        expression: the expression to evaluate, e.g. 37*48
+    """
     try:
         return calculate(expression)
     except CalculatorError as error:
@@ -44,14 +53,17 @@ class CalcArithTask(ToolTask, BoxedAnswerTask):
         mul_range: inclusive range of both operands.
         max_turns: model turns of an episode (the call, then the answer: 2 is enough; 1: no tool).
         max_tool_tokens: tokens of one calculator result (a result has at most 31 characters).
-        system_prompt: the system turn, telling the model about the calculator (null: none, as the tiny model's).
+        system_prompt: the system turn (null: none, as the tiny model's); the default tells the model about the
+            calculator (tags) or only asks for a boxed answer (json, whose tool block the template writes).
         prompt_template: the user turn, with `{expr}` replaced by the expression.
         eval_size: eval examples.
         eval_seed: seed of the eval set.
+        call_format: tags (<calc>EXPR</calc>, the tool `calc`) or json (the tool `calculator(expression)` in the
+            chat template's tools= block, called with <tool_call> JSON).
     """
 
     name = "calc_arith"
-    tools: ClassVar[Mapping[str, Callable[[str], str]]] = {"calc": calc}
+    tools: ClassVar[Mapping[str, Callable[..., str]]] = {"calc": calc}
 
     def __init__(
         self,
@@ -62,8 +74,13 @@ class CalcArithTask(ToolTask, BoxedAnswerTask):
         prompt_template: str = "{expr}=?",
         eval_size: int = 128,
         eval_seed: int = 4321,
+        call_format: str = "tags",
     ) -> None:
-        super().__init__(max_turns, max_tool_tokens, system_prompt, eval_size, eval_seed)
+        if call_format == "json" and system_prompt == SYSTEM_PROMPT:  # the default: the one for the call format
+            system_prompt = JSON_SYSTEM_PROMPT
+        super().__init__(max_turns, max_tool_tokens, system_prompt, eval_size, eval_seed, call_format)
+        if call_format == "json":
+            self.tools = {"calculator": calc}  # the name Qwen2.5-Coder calls unprompted
         low, high = int(mul_range[0]), int(mul_range[1])
         if low > high or low < 0:
             raise ValueError(f"mul_range must be (low, high) with 0 <= low <= high, got {tuple(mul_range)}")

@@ -29,6 +29,7 @@ import os
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from llm_pg.data.tasks import format_copy, math_hard
 from llm_pg.data.tasks.answers import extract_boxed, xml_answer
@@ -119,26 +120,27 @@ def import_failure(error: BaseException) -> str:
     return f"{where}{type(error).__name__}: {' '.join(str(error).split())}"
 
 
-def _import_function(entry: str) -> Callable[[str, Example], float | Score]:
-    """The function `entry` ("pkg.module:function") names, or a one-line ValueError saying what is missing."""
+def import_function(entry: str, what: str = "reward", example: str = "myrewards:score") -> Callable[..., Any]:
+    """The function `entry` ("pkg.module:function") names, or a one-line ValueError saying what is missing (`what`:
+    the kind of function, for the message; `example`: an entry of that kind)."""
     module_name, _, attribute = entry.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"reward '{entry}': write 'module:function' (e.g. 'myrewards:score')")
+        raise ValueError(f"{what} '{entry}': write 'module:function' (e.g. '{example}')")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if err.name is None or not (module_name == err.name or module_name.startswith(err.name + ".")):
-            raise ValueError(f"reward '{entry}': importing {module_name} failed: {import_failure(err)}") from None
+            raise ValueError(f"{what} '{entry}': importing {module_name} failed: {import_failure(err)}") from None
         raise ValueError(
-            f"reward '{entry}': no module '{module_name}' beside the config, in the working directory or on "
+            f"{what} '{entry}': no module '{module_name}' beside the config, in the working directory or on "
             "sys.path (llm_pg.data.user_code)"
         ) from None
     except Exception as err:  # a syntax error, or the module's own code raising at import
-        raise ValueError(f"reward '{entry}': importing {module_name} failed: {import_failure(err)}") from None
+        raise ValueError(f"{what} '{entry}': importing {module_name} failed: {import_failure(err)}") from None
     fn = getattr(module, attribute, None)
     if not callable(fn):
         where = getattr(module, "__file__", module_name)
-        raise ValueError(f"reward '{entry}': {where} has no function '{attribute}'")
+        raise ValueError(f"{what} '{entry}': {where} has no function '{attribute}'")
     return fn
 
 
@@ -154,7 +156,7 @@ def resolve_rewards(entries: Sequence[str]) -> list[Reward]:
         if entry in BUILTIN_REWARDS:
             name, fn = entry, BUILTIN_REWARDS[entry]
         elif ":" in entry:
-            name, fn = entry.rpartition(":")[2], _import_function(entry)
+            name, fn = entry.rpartition(":")[2], import_function(entry)
         else:
             raise ValueError(f"unknown reward '{entry}': use one of {', '.join(BUILTIN_REWARDS)} or 'module:function'")
         taken = {reward.name for reward in rewards}

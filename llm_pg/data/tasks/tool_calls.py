@@ -22,9 +22,17 @@ entry per call: a `ToolCall` to run, or a `CallError` whose `message` becomes th
     bad_arguments  the arguments do not match the tool's JSON schema (`transformers.utils.get_json_schema`'s form):
                    a missing required key, a key the tool does not take, a wrong type or a value outside its enum
 
-A call inside a fenced code block (```) is quoted, not made: it is skipped. Every scan is linear in the turn's length
-(each `str.find` starts where the last one ended; the JSON is bounded before it is parsed), so a 1 MB turn of
-hostile text answers in milliseconds.
+and one kind the episode loop adds when a well-formed call runs: `tool_error`, the tool raised `ToolError` (input
+it cannot serve, e.g. a malformed expression for the calculator).
+
+A turn without any `<tool_call>` tag that is nothing but one JSON object with a string `"name"` (a fenced ```json
+block around it allowed) is read as one call too (`CallLimits.whole_turn`): Llama 3.x writes its calls that way,
+and so does Qwen2.5-Coder-0.5B-Instruct: after Qwen2.5's tool block, greedy and sampled, it answers
+`{"name": "calculator", "arguments": {...}}` bare or fenced and gives the `<tool_call>` token a probability
+below 1e-4. A JSON object without a name there is an answer, not a call. `"parameters"` is read as
+`"arguments"` (Llama 3.x's key). Otherwise a call inside a fenced code block (```) is quoted, not made: it is
+skipped. Every scan is linear in the turn's length (each `str.find` starts where the last one ended; the JSON is
+bounded before it is parsed), so a 1 MB turn of hostile text answers in milliseconds.
 """
 
 from __future__ import annotations
@@ -46,14 +54,16 @@ class CallErrorKind(StrEnum):
     NOT_A_CALL = "not_a_call"
     UNKNOWN_TOOL = "unknown_tool"
     BAD_ARGUMENTS = "bad_arguments"
+    TOOL_ERROR = "tool_error"  # a well-formed call whose tool raised ToolError
 
 
 @dataclass(frozen=True)
 class ToolCall:
-    """A well-formed call of one of the task's tools, its arguments checked against the tool's schema."""
+    """A well-formed call of one of the task's tools: a JSON call's keyword arguments, checked against the tool's
+    schema, or (the `<name>input</name>` tag dialect) the one input text."""
 
     name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
+    arguments: dict[str, Any] | str = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,11 +76,13 @@ class CallError:
 
 @dataclass(frozen=True)
 class CallLimits:
-    """How much of a turn is read as calls: calls per turn, characters and nesting of one call's JSON."""
+    """How much of a turn is read as calls: calls per turn, characters and nesting of one call's JSON, and whether a
+    turn that is one bare (or fenced) JSON call object counts as a call."""
 
     max_calls: int = 8
     max_json_chars: int = 8192
     max_depth: int = 16
+    whole_turn: bool = True
 
 
 LIMITS = CallLimits()
@@ -82,7 +94,10 @@ def parse_calls(
     """The calls of a finished model turn, in order: each a checked `ToolCall` or a `CallError`. `schemas` maps each
     tool's name to its JSON schema (`{"type": "function", "function": {"name", "parameters", ...}}`)."""
     out: list[ToolCall | CallError] = []
-    for body in _call_bodies(turn, limits):
+    bodies = _call_bodies(turn, limits)
+    if not bodies and limits.whole_turn and OPEN not in turn:
+        bodies = _whole_turn_call(turn, limits)
+    for body in bodies:
         if isinstance(body, CallError):
             out.append(body)
             continue
@@ -119,12 +134,28 @@ def _call_bodies(turn: str, limits: CallLimits) -> list[str | CallError]:
     return bodies
 
 
+def _whole_turn_call(turn: str, limits: CallLimits) -> list[str]:
+    """The turn as one call body when, fence and whitespace aside, it is one JSON object with a string `name`."""
+    text = turn.strip()
+    if text.startswith(FENCE):  # ```json\n{...}\n```: the block must be the whole turn
+        newline = text.find("\n")
+        if newline < 0 or not text.endswith(FENCE) or len(text) < 2 * len(FENCE):
+            return []
+        text = text[newline + 1 : -len(FENCE)].strip()
+    if not text.startswith("{") or len(text) > limits.max_json_chars:
+        return []
+    value = load_json(text, limits)
+    return [text] if isinstance(value, dict) and isinstance(value.get("name"), str) else []
+
+
 def _as_call(body: str, limits: CallLimits) -> ToolCall | CallError:
     """The call a body spells: `{"name": str, "arguments": object}`, before its arguments are checked."""
     value = load_json(body, limits)
     if isinstance(value, CallError):
         return value
     shape = 'a tool call is {"name": <tool name>, "arguments": {...}}'
+    if isinstance(value, dict) and "parameters" in value and "arguments" not in value:  # Llama 3.x's key
+        value = {("arguments" if key == "parameters" else key): item for key, item in value.items()}
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or set(value) - {"name", "arguments"}:
         return CallError(CallErrorKind.NOT_A_CALL, f"error: {shape}")
     arguments = value.get("arguments", {})
@@ -268,3 +299,4 @@ def _json_type(value: Any) -> str:
         if JSON_TYPES[kind](value):
             return kind
     return type(value).__name__
+

@@ -1,32 +1,49 @@
 """Tasks whose model may call tools between its turns (`ToolTask`), and the per-episode tools (`ToolEnvironment`).
 
-An episode alternates model turns and tool observations. The model writes a call as the last thing of its turn,
-`<name>input</name>` for one of the task's tool names, and ends its turn (its end-of-turn token); the rollout loop
-(`llm_pg.engines.episodes`) finds the call (`ToolTask.find_call`), runs it (`call_tool`, in the reward workers when
-the tools are a user's code), and appends the result as a tool turn of the chat template. A turn without a call
-ends the episode, and the task scores the model's turns (`Task.score` on `model_text`).
+An episode alternates model turns and tool observations. The model writes its calls in its turn and ends the turn
+(its end-of-turn token); the rollout loop (`llm_pg.engines.episodes`) reads the calls (`ToolTask.calls`), runs them
+(`call_tool`, in the reward workers when the tools are a user's code), and appends the results as the chat
+template's tool turn. A turn without a call ends the episode, and the task scores the model's turns (`Task.score`
+on `model_text`). Each task speaks one of two call formats (`call_format`):
 
-A tool is `function(input text) -> observation text`. A tool that cannot serve the model's input raises
-`ToolError`: its message becomes the observation (`error: ...`) and counts in `train/tool_errors`. Anything else a
-tool raises, or a tool that hangs, exits or returns a non-string, stops the run in one line, as a reward does.
-Tools with state (a scratch file system, a game) subclass `ToolEnvironment`: `ToolTask.environment(example)` makes
-a fresh one for every row of every rollout, so nothing carries over between rows or iterations.
+    tags  `<name>input</name>` as the last thing of the turn, one call a turn; the tool is `function(text) -> str`.
+          The tiny model's dialect (`<calc>37*48</calc>`); the system prompt tells the model its tools.
+    json  the function calls of real chat models (Qwen2.5, Qwen3, Llama 3.x, Hermes): any number of
+          `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the turn, parsed and checked against each
+          tool's JSON schema (`llm_pg.data.tasks.tool_calls`); the tool is a typed function called with the keyword
+          arguments, and its schema (transformers' `get_json_schema`, from its type hints and docstring) goes to the
+          chat template as `tools=`, so the model sees its native tool block. A call the model got wrong (bad JSON,
+          an unknown tool, wrong arguments) is answered with an error observation it reads.
 
-The episodes speak this tag dialect: one call per turn, no remote tools. The JSON function calls of real chat models
-(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, several a turn, checked against each tool's JSON schema)
-are parsed by `llm_pg.data.tasks.tool_calls`, with schemas from `llm_pg.models.chat.tool_schemas`; the episode loop
-does not speak them yet (issue 41).
+A tool that cannot serve the model's input raises `ToolError`: its message becomes the observation (`error: ...`)
+and counts in `train/tool_errors`. Anything else a tool raises, or a tool that hangs, exits or returns a non-string,
+stops the run in one line, as a reward does. Tools with state (a scratch file system, a game) subclass
+`ToolEnvironment`: `ToolTask.environment(example)` makes a fresh one for every row of every rollout, so nothing
+carries over between rows or iterations.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from llm_pg.data.tasks.base import Example, Task
+from llm_pg.data.tasks.tool_calls import CallError, CallLimits, ToolCall, parse_calls
 
-__all__ = ["ToolEnvironment", "ToolError", "ToolOutcome", "ToolTask", "call_tool", "model_text"]
+__all__ = [
+    "CALL_FORMATS",
+    "ToolEnvironment",
+    "ToolError",
+    "ToolInput",
+    "ToolOutcome",
+    "ToolTask",
+    "call_tool",
+    "model_text",
+]
+
+CALL_FORMATS = ("tags", "json")
+ToolInput = str | Mapping[str, Any]  # a tag call's text, or a JSON call's keyword arguments
 
 TURN_SEPARATOR = "\n\n"  # between the model's turns in the text a task scores
 
@@ -46,16 +63,18 @@ class ToolOutcome:
 
 
 class ToolEnvironment:
-    """The tools of one episode (one row of one rollout): `call(name, text)` runs tool `name` on the model's input.
+    """The tools of one episode (one row of one rollout): `call(name, arguments)` runs tool `name` on the model's
+    input, the text of a tag call or the keyword arguments of a JSON call.
 
     The base class holds stateless functions; a subclass may keep state in its attributes, which live for the
     episode only. It must be picklable when the tools run in reward workers (user code)."""
 
-    def __init__(self, tools: Mapping[str, Callable[[str], str]]) -> None:
+    def __init__(self, tools: Mapping[str, Callable[..., str]]) -> None:
         self.tools = dict(tools)
 
-    def call(self, name: str, text: str) -> str:
-        return self.tools[name](text)
+    def call(self, name: str, arguments: ToolInput) -> str:
+        tool = self.tools[name]
+        return tool(arguments) if isinstance(arguments, str) else tool(**arguments)
 
 
 class ToolTask(Task):
@@ -63,18 +82,26 @@ class ToolTask(Task):
 
     Subclasses set `tools` (or override `environment` for tools with state) and score the model's turns as any task
     scores a completion. `observation_role` is the chat role of a tool turn (`tool`; a template without that role
-    may want `user`).
+    may want `user`). With `call_format: json` each tool needs a JSON schema: it is read from the function's type
+    hints and docstring (transformers' `get_json_schema`, in `llm_pg.models.chat.task_tool_schemas`), or given in
+    `schemas` (tool name -> schema). `call_limits` bounds what a turn's JSON calls may hold.
 
     Args:
-        max_turns: the most model turns of an episode (1: the model answers at once; a call it writes is not run).
+        max_turns: the most model turns of an episode (1: the model answers at once; a call it writes is not run,
+            and JSON tools are not shown to it).
         max_tool_tokens: the most tokens of one observation's content; a longer result is cut to its first ones.
         system_prompt: the system turn (null: none); tell the model its tools and how to call them.
         eval_size: eval examples.
         eval_seed: seed of the eval set.
+        call_format: how the model calls tools: tags (<name>input</name>, one a turn) or json (<tool_call> JSON
+            function calls, the tools' schemas in the chat template's tools= block).
     """
 
-    tools: ClassVar[Mapping[str, Callable[[str], str]]] = {}
+    tools: ClassVar[Mapping[str, Callable[..., str]]] = {}
     observation_role = "tool"
+    call_limits: ClassVar[CallLimits] = CallLimits()
+    schemas: ClassVar[Mapping[str, Mapping[str, Any]]] = {}  # explicit JSON schemas by tool name (else from hints)
+    call_format = "tags"
 
     def __init__(
         self,
@@ -83,13 +110,21 @@ class ToolTask(Task):
         system_prompt: str | None = None,
         eval_size: int = 64,
         eval_seed: int | None = 1234,
+        call_format: str = "tags",
     ) -> None:
         super().__init__(system_prompt=system_prompt, eval_size=eval_size, eval_seed=eval_seed)
+        self.set_tool_settings(max_turns, max_tool_tokens, call_format)
+
+    def set_tool_settings(self, max_turns: int, max_tool_tokens: int, call_format: str) -> None:
+        """Check and set the episode settings (`__init__`'s; a task that also inherits another task's `__init__`
+        calls it itself)."""
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if max_tool_tokens < 1:
             raise ValueError(f"max_tool_tokens must be >= 1, got {max_tool_tokens}")
-        self.max_turns, self.max_tool_tokens = max_turns, max_tool_tokens
+        if call_format not in CALL_FORMATS:
+            raise ValueError(f"call_format must be one of {', '.join(CALL_FORMATS)}, got {call_format!r}")
+        self.max_turns, self.max_tool_tokens, self.call_format = max_turns, max_tool_tokens, call_format
 
     def environment(self, example: Example) -> ToolEnvironment:
         """A fresh environment for one episode answering `example`."""
@@ -97,6 +132,22 @@ class ToolTask(Task):
 
     def tool_names(self) -> tuple[str, ...]:
         return tuple(self.tools)
+
+    @property
+    def shows_tools(self) -> bool:
+        """Whether the model sees the tools' JSON schemas (the chat template's `tools=` block): json calls, and a call
+        can run (`max_turns` > 1)."""
+        return self.call_format == "json" and self.max_turns > 1
+
+    def calls(self, turn: str, schemas: Mapping[str, Mapping[str, Any]] | None = None) -> list[ToolCall | CallError]:
+        """The calls of a finished model turn, in order: tags, the one `find_call` finds; json, every
+        `<tool_call>` of the turn, each a `ToolCall` checked against `schemas` (the tools' JSON schemas by name:
+        `llm_pg.models.chat.task_tool_schemas`) or the `CallError` the model will read. Never raises on any text
+        (a subclass's `find_call` aside)."""
+        if self.call_format == "json":
+            return parse_calls(turn, schemas or {}, self.call_limits)
+        call = self.find_call(turn)
+        return [] if call is None else [ToolCall(*call)]
 
     def find_call(self, turn: str) -> tuple[str, str] | None:
         """`(name, input)` when the turn ends (trailing whitespace aside) with `<name>input</name>` for one of the
@@ -112,11 +163,11 @@ class ToolTask(Task):
         return None
 
 
-def call_tool(environment: ToolEnvironment, name: str, text: str) -> ToolOutcome:
+def call_tool(environment: ToolEnvironment, name: str, arguments: ToolInput) -> ToolOutcome:
     """Run one call: its observation, or an error observation for a `ToolError`. Any other exception propagates
     (the caller turns it into the run's stop), and so does a result that is not a string."""
     try:
-        result = environment.call(name, text)
+        result = environment.call(name, arguments)
     except ToolError as error:
         return ToolOutcome(f"error: {error}", True, environment)
     if not isinstance(result, str):
