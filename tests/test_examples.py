@@ -15,6 +15,7 @@ CONFIGS = sorted(EXAMPLES.glob("*/config.yaml"))
 COMPONENTS = {  # what each example logs as train/reward_<component>
     "arith_reward": ["close_enough", "boxed_number"],
     "copy_numbers": ["answer_tag"],
+    "json_tool": ["boxed_number"],
     "lookup_tool": ["correct", "boxed", "relaxed"],
     "reasoning_gym": ["score"],
     "reverse_task": ["tag", "placed"],

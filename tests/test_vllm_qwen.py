@@ -106,3 +106,26 @@ def test_the_top_p_weight_against_the_sampled_distribution_is_the_nucleus_mass(m
     assert float(weight.max()) < 1 + 1e-3  # a truncated, renormalized sampler never gives a token less than pi_old
     assert float(weight.min()) > SAMPLING.top_p - 1e-2  # the nucleus holds at least top_p of the mass
     assert float(weight.mean()) < 1 - 1e-3  # biased below 1: the truncation TRL's issue 6789 reports
+
+
+def test_json_tool_episodes_with_vllm_call_the_calculator_as_hf_does(model_dir):
+    """Qwen's JSON calls through vLLM (`continue_ids` with the tools= block in the prompt and in every observation):
+    greedy episodes make the calls HF's make, with vLLM's log-probs of the model's tokens and zeros at the
+    observations."""
+    from llm_pg.data.tasks import CalcArithTask, Example
+    from llm_pg.engines.episodes import run_episodes
+    from llm_pg.engines.hf import HFEngine
+
+    tokenizer = load_tokenizer(model_dir)
+    policy = load_policy(model_dir, torch.float32)
+    eos = eos_token_ids(policy, tokenizer)
+    task = CalcArithTask(call_format="json", max_turns=2)
+    examples = [Example("37*48=?", "1776"), Example("53*56=?", "2968")]
+    greedy = Sampling(max_new_tokens=64, greedy=True)
+    ours = run_episodes(engine_for(model_dir, "raw_logprobs"), tokenizer, task, examples, greedy, eos=eos)
+    theirs = run_episodes(HFEngine(policy, tokenizer), tokenizer, task, examples, greedy, eos=eos)
+    assert ours.tool_calls.tolist() == theirs.tool_calls.tolist() == [1, 1]
+    assert ours.calls == theirs.calls and ours.calls[0][0]["arguments"] == {"expression": "37*48"}
+    observed = ours.completion_attention.bool() & ~ours.completion_mask
+    assert observed.any() and torch.all(ours.sampled_logp[observed] == 0)
+    assert torch.all(ours.sampled_logp[ours.completion_mask] <= 0)
