@@ -299,4 +299,3 @@ def _json_type(value: Any) -> str:
         if JSON_TYPES[kind](value):
             return kind
     return type(value).__name__
-
