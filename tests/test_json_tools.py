@@ -3,6 +3,7 @@ a turn answered in one observation, errors the model reads (counted by kind), to
 template, the check before training with `tools=`, and tool tasks written in YAML only."""
 
 import json
+import time
 from typing import ClassVar
 
 import pytest
@@ -12,11 +13,12 @@ from transformers import AutoTokenizer
 
 from llm_pg.callbacks.generations import table_rows
 from llm_pg.core.rollout import RolloutBatch
-from llm_pg.data.isolation import runs_user_code
-from llm_pg.data.tasks import CalcArithTask, DatasetToolTask, Example, Score, ToolError, ToolTask
+from llm_pg.data.isolation import TaskScorer, runs_user_code
+from llm_pg.data.tasks import CalcArithTask, DatasetToolTask, Example, Score, ToolEnvironment, ToolError, ToolTask
 from llm_pg.data.tasks.tool_calls import CallErrorKind
 from llm_pg.engines.episodes import KINDS, episode_sums
 from llm_pg.models.chat import TemplateError, named_schemas, task_tool_schemas
+from llm_pg.runs.guards import RunStopped
 from llm_pg.runs.preflight import check_tool_template
 
 
@@ -41,6 +43,39 @@ def lookup(key: str) -> str:
     return key.upper()
 
 
+def tally(n: int) -> str:
+    """Add n to the episode's running total and return the total.
+
+    Args:
+        n: how much to add
+    """
+    raise AssertionError("Tally.call answers tally")  # the environment keeps the total
+
+
+def stall(seconds: int) -> str:
+    """Wait.
+
+    Args:
+        seconds: how long
+    """
+    while True:
+        time.sleep(1)
+
+
+class Tally(ToolEnvironment):
+    """An environment with state: the running total of one episode's `tally` calls."""
+
+    def __init__(self, tools):
+        super().__init__(tools)
+        self.total = 0
+
+    def call(self, name, arguments):
+        if name == "tally":
+            self.total += arguments["n"]
+            return str(self.total)
+        return super().call(name, arguments)
+
+
 class Adder(ToolTask):
     """A JSON tool task for tests: `add(a, b)` and `lookup(key)`; the answer is in the last turn."""
 
@@ -60,6 +95,15 @@ class Adder(ToolTask):
     def score(self, completion, example):
         correct = f"\\boxed{{{example.answer}}}" in completion
         return Score(float(correct), correct, {"correct": float(correct)})
+
+
+class Tallying(Adder):
+    """Adder's tools and `tally`, whose total lives in the episode's environment, and `stall`, which hangs."""
+
+    tools: ClassVar = {"add": add, "tally": tally, "stall": stall}
+
+    def environment(self, example):
+        return Tally(self.tools)
 
 
 def call(name, **arguments):
@@ -188,6 +232,11 @@ def test_the_check_before_training_passes_tools_and_refuses_a_history_rewriting_
     with pytest.raises(TemplateError, match="rewrites earlier turns"):
         check_tool_template(stripping, Adder())
 
+    special = AutoTokenizer.from_pretrained(qwen_tokenizer.name_or_path)
+    special.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    with pytest.raises(TemplateError, match="marks <tool_call> as a special token"):
+        check_tool_template(special, Adder())  # a turn's text, decoded without special tokens, would lose the tags
+
     class Untyped(Adder):
         tools: ClassVar = {"add": lambda a, b: str(a + b)}
 
@@ -250,3 +299,48 @@ def test_a_yaml_only_tool_task(tmp_path, qwen_tokenizer):
 def test_a_call_format_typo_is_refused_in_one_line():
     with pytest.raises(ValueError, match="call_format must be one of tags, json, got 'JSON'"):
         CalcArithTask(call_format="JSON")
+
+
+def test_typed_user_tools_run_in_a_worker_with_the_environment_carried_between_a_turns_calls(qwen_tokenizer):
+    task = Tallying(max_turns=3)
+    scorer = TaskScorer(task, workers=1, timeout=10)
+    try:
+        assert scorer.isolated  # the tools are not llm_pg's: a reward worker runs them
+        turn = call("tally", n=2) + "\n" + call("add", a=1, b=1) + "\n" + call("tally", n=3)
+        script = [[turn, call("tally", n=10), "\\boxed{15}"], [call("tally", n=7), "done"]]
+        out, _ = episodes(qwen_tokenizer, task, script, max_new_tokens=3000, tools=scorer)
+    finally:
+        scorer.close()
+    assert [c["observation"] for c in out.calls[0]] == ["2", "2", "5", "15"]  # the total travels with each call
+    assert [c["observation"] for c in out.calls[1]] == ["7"]  # a fresh environment for every row
+    assert out.calls[0][1] == {"turn": 1, "name": "add", "arguments": {"a": 1, "b": 1}, "observation": "2"}
+
+
+@pytest.mark.slow  # spawns a reward worker and waits out a 2 s time limit
+def test_a_typed_tool_that_hangs_in_its_worker_stops_the_run_in_one_line(qwen_tokenizer):
+    task = Tallying(max_turns=2)
+    scorer = TaskScorer(task, workers=1, timeout=2)
+    try:
+        with pytest.raises(RunStopped, match=r"tool 'stall' .* \(input '\{\"seconds\": 5\}'\) did not return within"):
+            episodes(qwen_tokenizer, task, [[call("stall", seconds=5), "done"]], max_new_tokens=500, tools=scorer)
+    finally:
+        scorer.close()
+
+
+def test_trimming_a_rollout_cuts_the_completion_fields_only():
+    """`tool_error_kinds` is `[N, K]` with K = 7: a completion 7 wide must not make it look like a completion field."""
+    n, prompt, width = 2, 3, len(KINDS)
+    kinds = torch.arange(n * width).view(n, width)
+    attention = torch.ones(n, prompt + width, dtype=torch.long)
+    attention[:, prompt + 2 :] = 0  # the longest completion is 2 tokens
+    rollout = RolloutBatch(
+        input_ids=torch.zeros(n, prompt + width, dtype=torch.long),
+        attention_mask=attention,
+        completion_mask=attention[:, prompt:].bool(),
+        rewards=torch.zeros(n),
+        prompt_len=prompt,
+        tool_error_kinds=kinds,
+    )
+    cut = rollout.trimmed()
+    assert cut.input_ids.shape == (n, prompt + 2) and cut.completion_mask.shape == (n, 2)
+    assert torch.equal(cut.tool_error_kinds, kinds)

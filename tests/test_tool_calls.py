@@ -188,9 +188,12 @@ def test_a_turn_that_is_one_bare_or_fenced_call_object_is_a_call():
     assert parse_calls(bare, SCHEMAS) == [ToolCall("calculator", {"expression": "37*48"})]
     assert parse_calls(f"  {bare}\n", SCHEMAS) == [ToolCall("calculator", {"expression": "37*48"})]
     assert parse_calls(fenced, SCHEMAS) == [ToolCall("calculator", {"expression": "58*91"})]  # "parameters" read too
-    assert parse_calls('{"name": "abacus", "arguments": {}}', SCHEMAS)[0].kind == CallErrorKind.UNKNOWN_TOOL
+    assert parse_calls(f"<tool_call>{bare}</tool_call>", SCHEMAS, CallLimits(whole_turn=False)) != []
     for answer in (
         '{"answer": 5}',  # JSON, but no name: an answer
+        '{"name": "abacus", "arguments": {}}',  # a name that is no tool's: an answer
+        '{"name": "Alice", "age": 3}',  # other keys: a JSON answer, not a call
+        f"```python\n{bare}\n```",  # a fence of another language
         f"The call would be {bare}",  # text around it: not the whole turn
         f"```json\n{bare}",  # an unclosed fence
         "{" * 10_000,  # not JSON

@@ -113,12 +113,12 @@ class RolloutBatch:
         if width >= completion:
             return self
 
-        def cut(t: Tensor) -> Tensor:
-            if t.ndim == 2 and t.shape[1] == self.prompt_len + completion:
-                return t[:, : self.prompt_len + width]
-            return t[:, :width] if t.ndim == 2 and t.shape[1] == completion else t
-
-        return self._map(cut, lambda values: values)
+        changes = {name: getattr(self, name)[:, : self.prompt_len + width] for name in SEQUENCE_FIELDS}
+        for name in COMPLETION_FIELDS:  # by name: a per-row field such as tool_error_kinds [N, K] is never cut
+            value = getattr(self, name)
+            if value is not None:
+                changes[name] = value[:, :width]
+        return dataclasses.replace(self, **changes)
 
     def minibatches(self, minibatch_size: int, generator: torch.Generator | None = None) -> Iterator[RolloutBatch]:
         """Rows in a shuffled order (seeded by `generator`), `minibatch_size` at a time; the last may be short."""

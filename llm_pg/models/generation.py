@@ -198,9 +198,10 @@ def encode_prompts(
     encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
     if max_prompt_tokens is not None and any(len(ids) > max_prompt_tokens for ids in encoded):
         longest = max(len(ids) for ids in encoded)
+        lost = " (the tools' block at its start is cut first: the model would not see its tools)" if tools else ""
         warnings.warn(
             f"a prompt has {longest} tokens, more than max_prompt_tokens={max_prompt_tokens}: keeping its last "
-            f"{max_prompt_tokens}; raise max_prompt_tokens to keep whole prompts",
+            f"{max_prompt_tokens}{lost}; raise max_prompt_tokens to keep whole prompts",
             stacklevel=2,
         )
         encoded = [ids[-max_prompt_tokens:] for ids in encoded]

@@ -97,6 +97,8 @@ def check_model(hp: Any, lora: Any, task: Task | None = None) -> None:
             check_tool_template(tokenizer, task, repr(name), end_ids(resolve_model_path(name), tokenizer))
         except TemplateError as error:
             raise ValueError(f"data.task: {error}") from None
+        except ValueError as error:  # a tool whose JSON schema cannot be read
+            raise ValueError(f"data.task.init_args.tools: {error}") from None
     if lora is not None and lora.r > 0:
         _check_lora_targets(resolve_model_path(name), list(lora.target_modules))
 
@@ -130,6 +132,13 @@ def check_tool_template(tokenizer, task: Task, name: str = "the model", eos: lis
         return
     observations = ChatObservations(tokenizer, task.observation_role, eos, name, tools=list(schemas.values()))
     tool = next(iter(schemas), "tool")
+    probe = probe_json_call(tool)
+    ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    if "<tool_call>" not in tokenizer.decode(ids, skip_special_tokens=True):
+        raise TemplateError(
+            f"the tokenizer of {name} marks <tool_call> as a special token, which a turn's text (decoded without "
+            "special tokens) loses, so tagged JSON calls could not be read; use call_format: tags or another model"
+        )
     for results in (1, 2):  # one call a turn, and several answered together
         observations.check(conversation, call="\n".join([probe_json_call(tool)] * results), results=results)
 

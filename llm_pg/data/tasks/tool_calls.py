@@ -25,14 +25,14 @@ entry per call: a `ToolCall` to run, or a `CallError` whose `message` becomes th
 and one kind the episode loop adds when a well-formed call runs: `tool_error`, the tool raised `ToolError` (input
 it cannot serve, e.g. a malformed expression for the calculator).
 
-A turn without any `<tool_call>` tag that is nothing but one JSON object with a string `"name"` (a fenced ```json
-block around it allowed) is read as one call too (`CallLimits.whole_turn`): Llama 3.x writes its calls that way,
-and so does Qwen2.5-Coder-0.5B-Instruct: after Qwen2.5's tool block, greedy and sampled, it answers
-`{"name": "calculator", "arguments": {...}}` bare or fenced and gives the `<tool_call>` token a probability
-below 1e-4. A JSON object without a name there is an answer, not a call. `"parameters"` is read as
-`"arguments"` (Llama 3.x's key). Otherwise a call inside a fenced code block (```) is quoted, not made: it is
-skipped. Every scan is linear in the turn's length (each `str.find` starts where the last one ended; the JSON is
-bounded before it is parsed), so a 1 MB turn of hostile text answers in milliseconds.
+A turn without any `<tool_call>` tag that is nothing but one call object naming one of the task's tools (keys `name`
+and `arguments`; a ``` or ```json fence around it allowed) is read as one call too (`CallLimits.whole_turn`): Llama
+3.x writes its calls that way, and so does Qwen2.5-Coder-0.5B-Instruct: after Qwen2.5's tool block, greedy and
+sampled, it answers `{"name": "calculator", "arguments": {...}}` bare or fenced and gives the `<tool_call>` token a
+probability below 1e-4. Any other JSON object there (other keys, or a name that is no tool's) is an answer, not a
+call. `"parameters"` is read as `"arguments"` (Llama 3.x's key). Otherwise a call inside a fenced code block (```)
+is quoted, not made: it is skipped. Every scan is linear in the turn's length (each `str.find` starts where the last
+one ended; the JSON is bounded before it is parsed), so a 1 MB turn of hostile text answers in milliseconds.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def parse_calls(
     out: list[ToolCall | CallError] = []
     bodies = _call_bodies(turn, limits)
     if not bodies and limits.whole_turn and OPEN not in turn:
-        bodies = _whole_turn_call(turn, limits)
+        bodies = _whole_turn_call(turn, schemas, limits)
     for body in bodies:
         if isinstance(body, CallError):
             out.append(body)
@@ -134,18 +134,22 @@ def _call_bodies(turn: str, limits: CallLimits) -> list[str | CallError]:
     return bodies
 
 
-def _whole_turn_call(turn: str, limits: CallLimits) -> list[str]:
-    """The turn as one call body when, fence and whitespace aside, it is one JSON object with a string `name`."""
+def _whole_turn_call(turn: str, schemas: Mapping[str, Any], limits: CallLimits) -> list[str]:
+    """The turn as one call body when, whitespace and a ``` or ```json fence aside, it is one JSON object whose keys
+    are a call's (`name`, and `arguments` or `parameters`) and whose name is one of the task's tools: a JSON answer
+    (`{"name": "Alice", "age": 3}`) is not taken for a call."""
     text = turn.strip()
     if text.startswith(FENCE):  # ```json\n{...}\n```: the block must be the whole turn
         newline = text.find("\n")
-        if newline < 0 or not text.endswith(FENCE) or len(text) < 2 * len(FENCE):
+        if newline < 0 or text[len(FENCE) : newline].strip() not in ("", "json") or not text.endswith(FENCE):
             return []
         text = text[newline + 1 : -len(FENCE)].strip()
     if not text.startswith("{") or len(text) > limits.max_json_chars:
         return []
     value = load_json(text, limits)
-    return [text] if isinstance(value, dict) and isinstance(value.get("name"), str) else []
+    if not isinstance(value, dict) or set(value) - {"name", "arguments", "parameters"}:
+        return []
+    return [text] if isinstance(value.get("name"), str) and value["name"] in schemas else []
 
 
 def _as_call(body: str, limits: CallLimits) -> ToolCall | CallError:

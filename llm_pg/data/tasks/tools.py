@@ -143,7 +143,8 @@ class ToolTask(Task):
         """The calls of a finished model turn, in order: tags, the one `find_call` finds; json, every
         `<tool_call>` of the turn, each a `ToolCall` checked against `schemas` (the tools' JSON schemas by name:
         `llm_pg.models.chat.task_tool_schemas`) or the `CallError` the model will read. Never raises on any text
-        (a subclass's `find_call` aside)."""
+        (a subclass's `find_call` aside). The episode loop calls `find_call` itself for tags (so that a parser of
+        yours that raises is named), and this method for json: override `find_call` for another tag dialect."""
         if self.call_format == "json":
             return parse_calls(turn, schemas or {}, self.call_limits)
         call = self.find_call(turn)
