@@ -27,7 +27,7 @@ import math
 import numbers
 import os
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,21 +144,32 @@ def import_function(entry: str, what: str = "reward", example: str = "myrewards:
     return fn
 
 
+def named_functions(
+    entries: Sequence[str], builtins: Mapping[str, Callable[..., Any]], what: str, builtin: str, imported: str
+) -> list[tuple[str, str, Callable[..., Any]]]:
+    """`(entry, name, function)` for each of a config's `entries` of kind `what` (reward, tool): a built-in name
+    (`builtins`) or `"module:function"`, imported now so that a typo fails before training, in one line (`builtin`
+    and `imported`: examples of each for the messages)."""
+    if isinstance(entries, str) or not entries:
+        raise ValueError(f"{what}s must be a non-empty list of names, got {entries!r}: e.g. [{builtin}]")
+    out = []
+    for entry in entries:
+        if not isinstance(entry, str):
+            raise ValueError(f"{what}s entry {entry!r} must be a built-in name or 'module:function'")
+        if entry in builtins:
+            out.append((entry, entry, builtins[entry]))
+        elif ":" in entry:
+            out.append((entry, entry.rpartition(":")[2], import_function(entry, what, imported)))
+        else:
+            raise ValueError(f"unknown {what} '{entry}': use one of {', '.join(builtins)} or 'module:function'")
+    return out
+
+
 def resolve_rewards(entries: Sequence[str]) -> list[Reward]:
     """One `Reward` per entry: a built-in name or `"pkg.module:function"` (imported now, so a typo fails before
     training). Component names: the built-in's name or the function's; a repeated name gets `_2`, `_3`, ..."""
-    if isinstance(entries, str) or not entries:
-        raise ValueError(f"rewards must be a non-empty list of names, got {entries!r}: e.g. [answer_tag]")
     rewards: list[Reward] = []
-    for entry in entries:
-        if not isinstance(entry, str):
-            raise ValueError(f"rewards entry {entry!r} must be a built-in name or 'module:function'")
-        if entry in BUILTIN_REWARDS:
-            name, fn = entry, BUILTIN_REWARDS[entry]
-        elif ":" in entry:
-            name, fn = entry.rpartition(":")[2], import_function(entry)
-        else:
-            raise ValueError(f"unknown reward '{entry}': use one of {', '.join(BUILTIN_REWARDS)} or 'module:function'")
+    for entry, name, fn in named_functions(entries, BUILTIN_REWARDS, "reward", "answer_tag", "myrewards:score"):
         taken = {reward.name for reward in rewards}
         unique, n = name, 1
         while unique in taken:
