@@ -5,7 +5,7 @@ tool block each time."""
 
 from __future__ import annotations
 
-import json
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -153,7 +153,7 @@ def named_schemas(
     out: dict[str, dict[str, Any]] = {}
     for name, tool in tools.items():
         (schema,) = tool_schemas([(given or {}).get(name, tool)]).values()
-        schema = json.loads(json.dumps(schema))  # a copy of its own
+        schema = copy.deepcopy(schema)  # a copy of its own: the key's name is written into it
         schema.get("function", schema)["name"] = name
         out[name] = schema
     return out
