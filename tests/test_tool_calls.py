@@ -202,5 +202,22 @@ def test_a_turn_that_is_one_bare_or_fenced_call_object_is_a_call():
     ):
         assert parse_calls(answer, SCHEMAS) == [], answer
     assert parse_calls(bare, SCHEMAS, CallLimits(whole_turn=False)) == []
+    assert parse_calls('{"name": "Alice", "age": 3', SCHEMAS) == []  # broken JSON naming no tool: an answer
     tagged = f"<tool_call>{bare}</tool_call>"
     assert parse_calls(tagged + "\n" + bare, SCHEMAS) == [ToolCall("calculator", {"expression": "37*48"})]  # tags win
+
+
+def test_a_whole_turn_that_names_a_tool_but_is_no_clean_call_is_answered_with_its_error():
+    """What Qwen2.5-Coder samples after the tool block: doubled braces, an unquoted key, a `"return"` key beside the
+    call. Each names the calculator, so the model reads why its call was refused instead of the episode ending."""
+    doubled = '{{"name": "calculator", "arguments": {"expression": "22*58"}}}'
+    (error,) = parse_calls(doubled, SCHEMAS)
+    assert error.kind == CallErrorKind.BAD_JSON and error.message.startswith("error: invalid JSON")
+    (error,) = parse_calls('```json\n{"name" : "calculator", arguments: {"expression": "1+1"}}\n```', SCHEMAS)
+    assert error.kind == CallErrorKind.BAD_JSON
+    (error,) = parse_calls('{"name": "calculator", "arguments": {"expression": "22*58"}, "return": "1276"}', SCHEMAS)
+    assert error.kind == CallErrorKind.NOT_A_CALL and error.message.endswith("unexpected key 'return'")
+    assert parse_calls('{"name": "abacus", "arguments": {}', SCHEMAS) == []  # broken, but naming no tool
+    assert parse_calls('{"name": "calc\\"ulator"', SCHEMAS) == []  # an escaped quote: no tool's name
+    hostile = '{"name": "calculator"' + ', "name": "x"' * 600  # long and broken: bounded, linear, an error
+    assert [e.kind for e in parse_calls(hostile, SCHEMAS)] == [CallErrorKind.BAD_JSON]

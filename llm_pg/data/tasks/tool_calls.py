@@ -25,12 +25,14 @@ entry per call: a `ToolCall` to run, or a `CallError` whose `message` becomes th
 and one kind the episode loop adds when a well-formed call runs: `tool_error`, the tool raised `ToolError` (input
 it cannot serve, e.g. a malformed expression for the calculator).
 
-A turn without any `<tool_call>` tag that is nothing but one call object naming one of the task's tools (keys `name`
-and `arguments`; a ``` or ```json fence around it allowed) is read as one call too (`CallLimits.whole_turn`): Llama
+A turn without any `<tool_call>` tag that is nothing but one JSON object naming one of the task's tools (`"name":
+"calculator"`; a ``` or ```json fence around it allowed) is read as one call too (`CallLimits.whole_turn`): Llama
 3.x writes its calls that way, and so does Qwen2.5-Coder-0.5B-Instruct: after Qwen2.5's tool block, greedy and
 sampled, it answers `{"name": "calculator", "arguments": {...}}` bare or fenced and gives the `<tool_call>` token a
-probability below 1e-4. Any other JSON object there (other keys, or a name that is no tool's) is an answer, not a
-call. `"parameters"` is read as `"arguments"` (Llama 3.x's key). Otherwise a call inside a fenced code block (```)
+probability below 1e-4. Such an object with a key a call does not have (`"return": ...`) is a `not_a_call` error,
+and such a turn that is not valid JSON (`{{"name": "calculator", ...}}}`, as Qwen2.5-Coder-1.5B samples) a
+`bad_json` error: the model reads why, rather than the episode ending on a call it cannot see was refused. A JSON
+object or text naming no tool is an answer, not a call. `"parameters"` is read as `"arguments"` (Llama 3.x's key). Otherwise a call inside a fenced code block (```)
 is quoted, not made: it is skipped. Every scan is linear in the turn's length (each `str.find` starts where the last
 one ended; the JSON is bounded before it is parsed), so a 1 MB turn of hostile text answers in milliseconds.
 """
@@ -39,12 +41,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 OPEN, CLOSE, FENCE = "<tool_call>", "</tool_call>", "```"
+_NAMED = re.compile(r'"name"\s*:\s*"([^"\\]{1,128})"')  # `"name": "calculator"` in text that is not valid JSON
 
 
 class CallErrorKind(StrEnum):
@@ -134,10 +138,11 @@ def _call_bodies(turn: str, limits: CallLimits) -> list[str | CallError]:
     return bodies
 
 
-def _whole_turn_call(turn: str, schemas: Mapping[str, Any], limits: CallLimits) -> list[str]:
-    """The turn as one call body when, whitespace and a ``` or ```json fence aside, it is one JSON object whose keys
-    are a call's (`name`, and `arguments` or `parameters`) and whose name is one of the task's tools: a JSON answer
-    (`{"name": "Alice", "age": 3}`) is not taken for a call."""
+def _whole_turn_call(turn: str, schemas: Mapping[str, Any], limits: CallLimits) -> list[str | CallError]:
+    """The turn as one call body when, whitespace and a ``` or ```json fence aside, it is one JSON object whose name
+    is one of the task's tools (its other keys are `_as_call`'s to check), or its `bad_json` error when it is not
+    valid JSON yet names a tool (`"name": "calculator"`): a JSON answer (`{"name": "Alice", "age": 3}`) is not taken
+    for a call."""
     text = turn.strip()
     if text.startswith(FENCE):  # ```json\n{...}\n```: the block must be the whole turn
         newline = text.find("\n")
@@ -147,9 +152,11 @@ def _whole_turn_call(turn: str, schemas: Mapping[str, Any], limits: CallLimits) 
     if not text.startswith("{") or len(text) > limits.max_json_chars:
         return []
     value = load_json(text, limits)
-    if not isinstance(value, dict) or set(value) - {"name", "arguments", "parameters"}:
-        return []
-    return [text] if isinstance(value.get("name"), str) and value["name"] in schemas else []
+    if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"] in schemas:
+        return [text]
+    if isinstance(value, CallError) and any(name in schemas for name in _NAMED.findall(text)):
+        return [value]
+    return []
 
 
 def _as_call(body: str, limits: CallLimits) -> ToolCall | CallError:
@@ -160,8 +167,10 @@ def _as_call(body: str, limits: CallLimits) -> ToolCall | CallError:
     shape = 'a tool call is {"name": <tool name>, "arguments": {...}}'
     if isinstance(value, dict) and "parameters" in value and "arguments" not in value:  # Llama 3.x's key
         value = {("arguments" if key == "parameters" else key): item for key, item in value.items()}
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or set(value) - {"name", "arguments"}:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return CallError(CallErrorKind.NOT_A_CALL, f"error: {shape}")
+    if extra := sorted(set(value) - {"name", "arguments"}):
+        return CallError(CallErrorKind.NOT_A_CALL, f"error: {shape}; unexpected key {', '.join(map(repr, extra))[:120]}")
     arguments = value.get("arguments", {})
     if isinstance(arguments, str):  # the arguments as a JSON string, as some models write them
         arguments = load_json(arguments, limits)
