@@ -32,9 +32,10 @@ sampled, it answers `{"name": "calculator", "arguments": {...}}` bare or fenced 
 probability below 1e-4. Such an object with a key a call does not have (`"return": ...`) is a `not_a_call` error,
 and such a turn that is not valid JSON (`{{"name": "calculator", ...}}}`, as Qwen2.5-Coder-1.5B samples) a
 `bad_json` error: the model reads why, rather than the episode ending on a call it cannot see was refused. A JSON
-object or text naming no tool is an answer, not a call. `"parameters"` is read as `"arguments"` (Llama 3.x's key). Otherwise a call inside a fenced code block (```)
-is quoted, not made: it is skipped. Every scan is linear in the turn's length (each `str.find` starts where the last
-one ended; the JSON is bounded before it is parsed), so a 1 MB turn of hostile text answers in milliseconds.
+object or text naming no tool is an answer, not a call. `"parameters"` is read as `"arguments"` (Llama 3.x's key).
+Otherwise a call inside a fenced code block (```) is quoted, not made: it is skipped. Every scan is linear in the
+turn's length (each `str.find` starts where the last one ended; the JSON is bounded before it is parsed), so a 1 MB
+turn of hostile text answers in milliseconds.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ def _as_call(body: str, limits: CallLimits) -> ToolCall | CallError:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return CallError(CallErrorKind.NOT_A_CALL, f"error: {shape}")
     if extra := sorted(set(value) - {"name", "arguments"}):
-        return CallError(CallErrorKind.NOT_A_CALL, f"error: {shape}; unexpected key {', '.join(map(repr, extra))[:120]}")
+        keys = ", ".join(map(repr, extra))[:120]
+        return CallError(CallErrorKind.NOT_A_CALL, f"error: {shape}; unexpected key {keys}")
     arguments = value.get("arguments", {})
     if isinstance(arguments, str):  # the arguments as a JSON string, as some models write them
         arguments = load_json(arguments, limits)
