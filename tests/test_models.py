@@ -31,3 +31,29 @@ def test_unreachable_hub_fails_without_retries(monkeypatch):
 def test_local_directory_needs_no_hub(monkeypatch, random_model_dir):
     monkeypatch.setattr(huggingface_hub, "model_info", lambda *a, **k: pytest.fail("a local dir needs no request"))
     check_hub_model(random_model_dir)
+
+
+@pytest.mark.parametrize("which", ["lora policy", "reference"])
+def test_a_frozen_head_gets_a_contiguous_input_and_the_same_logits(random_model_dir, which):
+    """transformers slices the kept positions (`hidden[:, -k:, :]`, rows a sequence apart); for a frozen head torch's
+    matmul would copy the [V, H] weight once per row. The loaded models' head sees a contiguous input instead, and
+    computes the logits the unhooked head computes."""
+    import torch
+
+    from llm_pg.models.loading import LoRA, load_reference
+
+    if which == "reference":
+        model = load_reference(random_model_dir, torch.float32)
+    else:
+        model = load_policy(random_model_dir, torch.float32, LoRA(r=4, target_modules=["q_proj"]))
+    head = model.get_output_embeddings()
+    assert not head.weight.requires_grad  # the case torch does not fold
+    seen = []
+    head.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+    ids = torch.randint(3, 200, (3, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        kept = model(input_ids=ids, logits_to_keep=2).logits  # [3, 2, V]
+        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states[-1]  # [3, 9, H], after the norm
+    assert seen == [True, True]
+    expected = hidden[:, -2:, :].contiguous() @ head.weight.T
+    torch.testing.assert_close(kept, expected, rtol=1e-5, atol=1e-5)
