@@ -181,9 +181,9 @@ def contiguous_head_input(model: PreTrainedModel) -> None:
     transformers keeps `logits_to_keep` positions by slicing, `hidden[:, -k:, :]`: a view whose rows are a whole
     sequence apart. On such a 3-D view torch's matmul folds the rows into one matrix product only when the weight
     requires grad; for a frozen head (LoRA's, the reference model's) it broadcasts the `[V, H]` weight to every row
-    and copies it: a prefill of 8 rows through Qwen2.5-0.5B's frozen head took 9.7 s and 2.1 GB instead of 57 ms
-    (`benchmarks/head_input.py`), on every rollout turn and no-grad pass. The hook copies the kept positions
-    (`[b, k, H]`, small) so the product is one matrix product."""
+    and copies it (pytorch/pytorch#186148). One prefill's head call on Qwen2.5-0.5B at 32 rows took 19.8 s and
+    8.5 GB instead of 39 ms (`benchmarks/head_input.py`), at every rollout turn and no-grad pass. The hook copies
+    the kept positions (`[b, k, H]`, small), so the product is one matrix product."""
     head = model.get_output_embeddings()
     if isinstance(head, torch.nn.Module):
         head.register_forward_pre_hook(_contiguous_input)
