@@ -296,6 +296,28 @@ def test_a_yaml_only_tool_task(tmp_path, qwen_tokenizer):
         DatasetToolTask(data_files={"train": str(tmp_path / "train.jsonl")}, tools=["nomodule_xyz:f"])
 
 
+def test_a_json_task_scores_the_turns_without_their_calls(qwen_tokenizer):
+    """Qwen2.5-Coder-0.5B's habit: call, then call again with the result. Its last call's arguments end on the gold
+    number, which math_hard's `relaxed` term would pay (0.1) if calls were scored as text: they are not, in the
+    episode and in the task's `scored_text`. The tag dialect scores its turns whole, as before."""
+    task = CalcArithTask(call_format="json", max_turns=2)
+    example = Example("37*48=?", "1776")
+
+    def calc(expression):
+        return '{"name": "calculator", "arguments": {"expression": "' + expression + '"}}'
+
+    echo = [calc("37*48"), calc("1776")]  # the second call is in the last turn: not run
+    out, _ = episodes(qwen_tokenizer, task, [echo], examples=[example], max_new_tokens=300)
+    assert out.tool_calls.tolist() == [1] and out.turns.tolist() == [2] and out.texts == [""]
+    assert task.score(out.texts[0], example).total == 0.0
+    assert task.score("\n\n".join(echo), example).components["relaxed"] == 0.1  # what scoring the calls paid
+    answer = [calc("37*48"), "So 37*48 is " + "<tool_call>" + calc("1776")[:-1] + "</tool_call>" + " \\boxed{1776}."]
+    out, _ = episodes(qwen_tokenizer, task, [answer], examples=[example], max_new_tokens=300)
+    assert out.texts == ["So 37*48 is  \\boxed{1776}."] and task.score(out.texts[0], example).correct
+    tags = CalcArithTask(call_format="tags")
+    assert tags.scored_text(["<calc>37*48</calc>", "\\boxed{1776}"]) == "<calc>37*48</calc>\n\n\\boxed{1776}"
+
+
 def test_a_call_format_typo_is_refused_in_one_line():
     with pytest.raises(ValueError, match="call_format must be one of tags, json, got 'JSON'"):
         CalcArithTask(call_format="JSON")

@@ -16,6 +16,7 @@ from llm_pg.data.tasks.tool_calls import (
     ToolCall,
     load_json,
     parse_calls,
+    without_calls,
 )
 from llm_pg.models.chat import tool_schemas
 
@@ -221,3 +222,32 @@ def test_a_whole_turn_that_names_a_tool_but_is_no_clean_call_is_answered_with_it
     assert parse_calls('{"name": "calc\\"ulator"', SCHEMAS) == []  # an escaped quote: no tool's name
     hostile = '{"name": "calculator"' + ', "name": "x"' * 600  # long and broken: bounded, linear, an error
     assert [e.kind for e in parse_calls(hostile, SCHEMAS)] == [CallErrorKind.BAD_JSON]
+
+
+def test_without_calls_keeps_the_text_addressed_to_the_user():
+    """What a JSON tool task scores: the turn with its calls taken out, as a chat API keeps `tool_calls` apart from
+    `content`; a turn that is one whole call is nothing, a quoted call stays (it is text), and an unclosed or
+    surplus call takes the rest of the turn with it."""
+    names = ("calculator", "clock")
+    bare = '{"name": "calculator", "arguments": {"expression": "1776"}}'
+    good = call({"name": "clock"})
+    assert without_calls(f"Let me check.{good} So \\boxed{{5}}.", names) == "Let me check. So \\boxed{5}."
+    assert without_calls(f"{good}\n{good}", names) == "\n"
+    assert without_calls(bare, names) == ""
+    assert without_calls(f"```json\n{bare}\n```", names) == ""
+    assert without_calls('{{"name": "calculator", "arguments": {}}}', names) == ""  # a near-call is a call too
+    assert without_calls('{"name": "Alice", "age": 3}', names) == '{"name": "Alice", "age": 3}'  # an answer
+    assert without_calls(bare, ()) == bare  # no tool of that name: an answer
+    quoted = f"Write it like this:\n```\n{good}\n```\nDone: 12"
+    assert without_calls(quoted, names) == quoted
+    assert without_calls(f"12 <tool_call>{bare}", names) == "12 "  # unclosed: the rest of the turn is the call
+    assert without_calls(good * 3 + " 7", names, CallLimits(max_calls=2)) == ""  # surplus: likewise
+    assert without_calls("\\boxed{12}", names) == "\\boxed{12}"
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_without_calls_on_hostile_text_never_raises_and_is_linear(name):
+    start = time.perf_counter()
+    out = without_calls(HOSTILE[name], ("calculator", "clock"))
+    assert time.perf_counter() - start < 1.0, name
+    assert isinstance(out, str) and len(out) <= len(HOSTILE[name])

@@ -32,7 +32,7 @@ from llm_pg.core.rollout import derive_seed
 from llm_pg.data.isolation import TaskScorer
 from llm_pg.data.tasks.base import Example, Task
 from llm_pg.data.tasks.tool_calls import CallError, CallErrorKind, ToolCall
-from llm_pg.data.tasks.tools import ToolTask, model_text
+from llm_pg.data.tasks.tools import ToolTask
 from llm_pg.models.chat import ChatObservations, TemplateError, task_tool_schemas
 from llm_pg.models.generation import Generation, Sampling, encode_prompts, pad_token_id
 from llm_pg.models.parallel import unsharded
@@ -119,7 +119,8 @@ def run_episodes(
         wanted = _model_turn(episodes, active, new, new_logps, tokenizer, task, schemas, set(eos), may_call, where)
         answers = _answers(scorer, episodes, wanted, [row_example[r].prompt for r in range(n)], where)
         active = _observations(episodes, wanted, answers, observations, tokenizer, task, sampling.max_new_tokens, where)
-    return _assembled(tokenizer, eos, prompt_ids, prompt_mask, episodes, json_calls=schemas is not None)
+    texts = [hook(task.scored_text, turns, where=where) for turns in episodes.turns]
+    return _assembled(tokenizer, eos, prompt_ids, prompt_mask, episodes, texts, json_calls=schemas is not None)
 
 
 def _model_turn(
@@ -246,7 +247,9 @@ def _cut(tokenizer, content: str, max_tokens: int) -> str:
     return content if len(tokens) <= max_tokens else tokenizer.decode(tokens[:max_tokens])
 
 
-def _assembled(tokenizer, eos, prompt_ids, prompt_mask, episodes: _Episodes, json_calls: bool) -> Generation:
+def _assembled(
+    tokenizer, eos, prompt_ids, prompt_mask, episodes: _Episodes, texts: list[str], json_calls: bool
+) -> Generation:
     ids, loss, turns = episodes.ids, episodes.loss, episodes.turns
     logps = episodes.logps if episodes.has_logps else None
     n = len(ids)
@@ -267,7 +270,7 @@ def _assembled(tokenizer, eos, prompt_ids, prompt_mask, episodes: _Episodes, jso
         prompt_ids,
         prompt_mask,
         completion,
-        [model_text(t) for t in turns],
+        texts,
         completion_mask=loss_mask,
         completion_attention=attention,
         transcripts=[tokenizer.decode(row, skip_special_tokens=False) for row in ids],

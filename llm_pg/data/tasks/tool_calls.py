@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -114,7 +114,13 @@ def parse_calls(
 def _call_bodies(turn: str, limits: CallLimits) -> list[str | CallError]:
     """The text between each `<tool_call>` and its `</tool_call>` outside fenced code blocks, at most
     `limits.max_calls` of them (then a `too_many` error), and an `unclosed` error for an opening tag left open."""
-    bodies: list[str | CallError] = []
+    return [body for _, _, body in _call_spans(turn, limits.max_calls)]
+
+
+def _call_spans(turn: str, max_calls: int) -> list[tuple[int, int, str | CallError]]:
+    """`(start, end, body)` of each `<tool_call>...</tool_call>` outside fenced code blocks, in order; a call past
+    `max_calls`, or an opening tag left open, ends the scan with its error spanning the rest of the turn."""
+    spans: list[tuple[int, int, str | CallError]] = []
     position, start = 0, turn.find(OPEN)
     while start >= 0:
         fence = turn.find(FENCE, position, start)
@@ -126,20 +132,39 @@ def _call_bodies(turn: str, limits: CallLimits) -> list[str | CallError]:
             if position > start:  # the tag was inside the block: the next tag after it
                 start = turn.find(OPEN, position)
             continue
-        if len(bodies) == limits.max_calls:
-            bodies.append(CallError(CallErrorKind.TOO_MANY, f"error: at most {limits.max_calls} tool calls a turn"))
+        if len(spans) == max_calls:
+            error = CallError(CallErrorKind.TOO_MANY, f"error: at most {max_calls} tool calls a turn")
+            spans.append((start, len(turn), error))
             break
         end = turn.find(CLOSE, start + len(OPEN))
         if end < 0:
-            bodies.append(CallError(CallErrorKind.UNCLOSED, f"error: {OPEN} without {CLOSE}"))
+            spans.append((start, len(turn), CallError(CallErrorKind.UNCLOSED, f"error: {OPEN} without {CLOSE}")))
             break
-        bodies.append(turn[start + len(OPEN) : end])
+        spans.append((start, end + len(CLOSE), turn[start + len(OPEN) : end]))
         position = end + len(CLOSE)
         start = turn.find(OPEN, position)
-    return bodies
+    return spans
 
 
-def _whole_turn_call(turn: str, schemas: Mapping[str, Any], limits: CallLimits) -> list[str | CallError]:
+def without_calls(turn: str, names: Collection[str], limits: CallLimits = LIMITS) -> str:
+    """The turn's text addressed to the user: the turn with every call `parse_calls` reads taken out (each
+    `<tool_call>...</tool_call>`, an unclosed or surplus one with the rest of the turn), or "" for a turn that is
+    one whole call object naming one of `names` (the task's tools). What a JSON tool task scores: a chat API keeps
+    a message's `tool_calls` apart from its `content`, and a call's arguments are not an answer
+    (`{"expression": "1776"}` would otherwise end the text on the gold number). Linear; never raises."""
+    spans = _call_spans(turn, limits.max_calls)
+    if not spans:
+        whole = limits.whole_turn and OPEN not in turn and _whole_turn_call(turn, names, limits)
+        return "" if whole else turn
+    pieces, position = [], 0
+    for start, end, _ in spans:
+        pieces.append(turn[position:start])
+        position = end
+    pieces.append(turn[position:])
+    return "".join(pieces)
+
+
+def _whole_turn_call(turn: str, names: Collection[str], limits: CallLimits) -> list[str | CallError]:
     """The turn as one call body when, whitespace and a ``` or ```json fence aside, it is one JSON object whose name
     is one of the task's tools (its other keys are `_as_call`'s to check), or its `bad_json` error when it is not
     valid JSON yet names a tool (`"name": "calculator"`): a JSON answer (`{"name": "Alice", "age": 3}`) is not taken
@@ -153,9 +178,9 @@ def _whole_turn_call(turn: str, schemas: Mapping[str, Any], limits: CallLimits) 
     if not text.startswith("{") or len(text) > limits.max_json_chars:
         return []
     value = load_json(text, limits)
-    if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"] in schemas:
+    if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"] in names:
         return [text]
-    if isinstance(value, CallError) and any(name in schemas for name in _NAMED.findall(text)):
+    if isinstance(value, CallError) and any(name in names for name in _NAMED.findall(text)):
         return [value]
     return []
 

@@ -4,7 +4,8 @@ An episode alternates model turns and tool observations. The model writes its ca
 (its end-of-turn token); the rollout loop (`llm_pg.engines.episodes`) reads the calls (`ToolTask.calls`), runs them
 (`call_tool`, in the reward workers when the tools are a user's code), and appends the results as the chat
 template's tool turn. A turn without a call ends the episode, and the task scores the model's turns (`Task.score`
-on `model_text`). Each task speaks one of two call formats (`call_format`):
+on `scored_text`: the model's turns, with JSON calls taken out). Each task speaks one of two call formats
+(`call_format`):
 
     tags  `<name>input</name>` as the last thing of the turn, one call a turn; the tool is `function(text) -> str`.
           The tiny model's dialect (`<calc>37*48</calc>`); the system prompt tells the model its tools.
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from llm_pg.data.tasks.base import Example, Task
-from llm_pg.data.tasks.tool_calls import CallError, CallLimits, ToolCall, parse_calls
+from llm_pg.data.tasks.tool_calls import CallError, CallLimits, ToolCall, parse_calls, without_calls
 
 __all__ = [
     "CALL_FORMATS",
@@ -149,6 +150,16 @@ class ToolTask(Task):
             return parse_calls(turn, schemas or {}, self.call_limits)
         call = self.find_call(turn)
         return [] if call is None else [ToolCall(*call)]
+
+    def scored_text(self, turns: Sequence[str]) -> str:
+        """The text `score` and `eval_metrics` get: the model's turns, blank-line separated (`model_text`); with
+        json calls, each turn without its calls (`tool_calls.without_calls`: the content a chat API would keep apart
+        from the message's `tool_calls`), and a turn that was nothing but a call left out. So a call's arguments
+        never count as an answer. The tag dialect scores its turns whole, calls included, as it always has."""
+        if self.call_format != "json":
+            return model_text(turns)
+        kept = (without_calls(turn, self.tool_names(), self.call_limits) for turn in turns)
+        return model_text([text for text in kept if text.strip()])
 
     def find_call(self, turn: str) -> tuple[str, str] | None:
         """`(name, input)` when the turn ends (trailing whitespace aside) with `<name>input</name>` for one of the
