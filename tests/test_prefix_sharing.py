@@ -289,6 +289,31 @@ def test_generation_prefills_each_prompt_once_and_samples_the_same_tokens(model_
     assert positions[:2] == [3 * (prompt - 1), 3 * GROUP]  # prompts once without their last token, then each row's
 
 
+@pytest.mark.parametrize("greedy", [False, True])
+def test_episode_turns_prefill_the_ids_every_context_shares_once(model_and_tokenizer, greedy):
+    """A multi-turn episode's contexts (`continue_ids`): the rows of a first turn are one prompt, the later turns'
+    rows go on differently after it. The ids they all share run once, then each row's rest (left-padded after
+    them), and every row draws the tokens of a prefill of its own."""
+    from llm_pg.models.generation import Sampling, continue_ids
+
+    model, tokenizer = model_and_tokenizer
+    prompt = encode_prompts(tokenizer, [[{"role": "user", "content": PROMPTS[1]}]])["input_ids"][0].tolist()
+    rests = torch.randint(5, 60, (6, 9), generator=torch.Generator().manual_seed(0)).tolist()
+    contexts = [prompt + rest[:k] for rest, k in zip(rests, (0, 3, 0, 9, 5, 1), strict=True)]
+    sampling = Sampling(max_new_tokens=6, greedy=greedy)
+    positions = count_positions(model)
+    plain = continue_ids(model, tokenizer, contexts, sampling, seed=3, share_prefix=False)
+    assert positions[0] == len(contexts) * (len(prompt) + 9)  # every row's whole context, left-padded
+    positions.clear()
+    shared = continue_ids(model, tokenizer, contexts, sampling, seed=3, share_prefix=True)
+    assert shared == plain and (greedy or len(set(map(tuple, plain))) > 1)
+    kept = len(prompt) - 1  # the shortest context keeps its last id for the batch's first forward
+    assert positions[:2] == [kept, len(contexts) * (len(prompt) + 9 - kept)]
+    positions.clear()
+    continue_ids(model, tokenizer, contexts[1:2], sampling, seed=3)
+    assert positions[0] == len(contexts[1])  # one row: nothing to share
+
+
 def test_a_checkpoint_that_names_its_cache_samples_without_sharing(random_model_dir):
     # transformers refuses a cache passed to generate() beside a `cache_implementation` (Gemma 3 ships "hybrid"):
     # such a model prefills every row itself, and sampling still works.

@@ -17,7 +17,8 @@ class HFEngine:
 
     `load_weights` only records which module to sample with; weights updated in place by the optimizer are
     seen at once. `autocast` (the module's `autocast`) gives the compute dtype over float32 master weights.
-    `share_prompt_prefix` prefills each prompt once for all its samples (`llm_pg.models.generation.prompt_cache`);
+    `share_prompt_prefix` prefills each prompt once for all its samples (`llm_pg.models.generation.prompt_cache`),
+    and an episode's turns after the ids all their contexts share (`prefix_cache`);
     `compiled` runs the decode steps through `torch.compile` (`llm_pg.models.decoding.compiled_forward`).
     """
 
@@ -104,5 +105,6 @@ class HFEngine:
                 seed=seed,
                 compiled=self.compiled,
                 tokens=self.tokens,
+                share_prefix=self.share_prompt_prefix,
             )
         return [row[:budget] for row, budget in zip(ids, budgets, strict=True)], None

@@ -284,20 +284,61 @@ def continue_ids(
     seed: int | None = None,
     compiled: bool = False,
     tokens: ModelTokens | None = None,
+    share_prefix: bool = True,
 ) -> list[list[int]]:
     """One continuation per token-id context (a multi-turn episode's ids so far), sampled as `generate` samples:
-    each row's new ids up to and including its first EOS, or `sampling.max_new_tokens` of them. The contexts are
-    left-padded into one batch; nothing is re-tokenized."""
+    each row's new ids up to and including its first EOS, or `sampling.max_new_tokens` of them. Nothing is
+    re-tokenized. With `share_prefix`, the contexts' common first ids (a chat template's system turn and tool block,
+    or the whole prompt of one prompt's samples) are prefilled once (`prefix_cache`) and each row's rest after them;
+    otherwise the contexts are left-padded into one batch. The tokens are those of the unshared prefill (the logits
+    agree to float rounding)."""
     device = next(model.parameters()).device
     tokens = tokens or model_tokens(model, tokenizer)
-    batch = left_padded(contexts, tokens.pad)
-    ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-    out = sample_ids(model, tokens, ids, mask, sampling, seed, None, compiled).tolist()
+    was_training = model.training
+    model.eval()  # the prefix cache too is computed in eval mode (no dropout)
+    cache, ids, mask = prefix_cache(model, contexts, tokens.pad, device) if share_prefix else (None, None, None)
+    if cache is None:
+        batch = left_padded(contexts, tokens.pad)
+        ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+    out = sample_ids(model, tokens, ids, mask, sampling, seed, cache, compiled).tolist()
+    model.train(was_training)
     rows = []
     for row in out:
         ends = [i for i, token in enumerate(row) if token in tokens.eos]
         rows.append(row[: ends[0] + 1] if ends else row)
     return rows
+
+
+def common_prefix(rows: Sequence[Sequence[int]]) -> int:
+    """How many first ids every row shares (linear in the ids compared)."""
+    first, length = rows[0], min(len(row) for row in rows)
+    for row in rows[1:]:
+        length = next((k for k in range(length) if row[k] != first[k]), length)
+    return length
+
+
+def prefix_cache(
+    model: PreTrainedModel, contexts: Sequence[Sequence[int]], pad: int, device: torch.device
+) -> tuple[Any, Tensor | None, Tensor | None]:
+    """The KV cache of the ids every context starts with (all but the shortest context's last one), computed once
+    and repeated for every row, with the batch it continues: `[N, S + T]` ids and attention mask, the `S` shared ids
+    then each row's rest left-padded to `T` (the padding sits between the two; positions count real tokens only, so
+    every row decodes as after a prefill of its own). `(None, None, None)` when nothing is shared (one row, no
+    common id) or the model keeps no cache of ours (`prompt_cache`'s rules)."""
+    shared = min(common_prefix(contexts), min(len(c) for c in contexts) - 1)
+    if len(contexts) < 2 or shared < 1:
+        return None, None, None
+    if getattr(model.generation_config, "cache_implementation", None) is not None:
+        return None, None, None
+    head = torch.tensor([list(contexts[0][:shared])], dtype=torch.long, device=device)  # [1, S]
+    cache = kv_cache(model(input_ids=head, use_cache=True, logits_to_keep=1))
+    if cache is None:
+        return None, None, None
+    cache.batch_repeat_interleave(len(contexts))
+    rest = left_padded([c[shared:] for c in contexts], pad)  # [N, T]
+    ids = torch.cat([head.expand(len(contexts), -1), rest["input_ids"].to(device)], dim=1)
+    mask = torch.cat([torch.ones_like(ids[:, :shared]), rest["attention_mask"].to(device)], dim=1)
+    return cache, ids, mask
 
 
 def sample_ids(
