@@ -12,8 +12,8 @@
           call_format: json                             # <tool_call> JSON, schemas in the template's tools= block
 
 Everything `DatasetTask` reads (rows, prompts, the held-out eval slice, the weighted rewards) works as there; the
-model's turns are what the rewards score (`model_text`: the observations are not the model's). A tool is a built-in
-name (`BUILTIN_TOOLS`: `calculator`, the bounded integer calculator) or a typed function of the user's,
+model's turns are what the rewards score (`ToolTask.scored_text`: not the observations, nor JSON calls). A tool is
+a built-in name (`BUILTIN_TOOLS`: `calculator`, the bounded integer calculator) or a typed function of the user's,
 `"module:function"`, found beside the config or in the working directory as a reward function is: with
 `call_format: json` its JSON schema comes from its type hints and its docstring's summary and `Args:` (transformers'
 `get_json_schema`), so the docstring is what the model reads. A user's tool runs in the reward workers, under
