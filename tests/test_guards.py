@@ -4,6 +4,7 @@ finite numbers or raise. Checkpoint rotation keeps the last healthy copy."""
 
 import math
 import sys
+import warnings
 
 import lightning as L
 import pytest
@@ -12,7 +13,7 @@ from conftest import ROOT, SMALL, DigitTask, fit
 
 from llm_pg.cli.fit import main
 from llm_pg.data.tasks.base import Example, Score
-from llm_pg.runs.guards import DivergenceGuard, RunStopped
+from llm_pg.runs.guards import DivergenceGuard, FlatRollouts, RunStopped
 
 DIGITS = ["--data.task=conftest.DigitTask", "--data.task.init_args.eval_size=4"]
 
@@ -162,3 +163,26 @@ def test_a_stopped_run_is_never_continued_or_completed_by_a_resume(tmp_path, ran
         fit(tmp_path, random_model_dir, "--model.init_args.iterations=2", *DIGITS, "--ckpt_path=last")
     run = tmp_path / "run"
     assert not (run / "COMPLETE").exists() and not (run / "final").exists()
+
+
+def test_rollouts_without_any_advantage_warn_once_per_streak():
+    flat = FlatRollouts(patience=3)
+    assert [flat.update(i, 1.0, 0.0) for i in (1, 2)] == [None, None]
+    message = flat.update(3, 1.0, 0.0)
+    assert message.startswith("iterations 1-3: every group's rewards were equal (train/frac_zero_std_groups 1.0, ")
+    assert flat.update(4, 1.0, 0.0) is None  # once per streak
+    assert flat.update(5, 0.75, 0.2) is None and flat.streak == 0  # a group with spread ends it
+    assert [flat.update(i, 1.0, 1.3) for i in (6, 7)] == [None, None]
+    message = flat.update(8, 1.0, 1.3)
+    assert message.startswith("iterations 6-8:") and "train/reward 1.3)" in message
+
+
+def test_a_run_whose_groups_are_all_flat_says_so(tmp_path, random_model_dir):
+    """A random model never writes format_copy's tags: every reward is 0, every advantage 0. The run goes on (it is
+    not an error) and warns once, after the third such rollout; a run with spread (DigitTask) does not."""
+    with pytest.warns(UserWarning, match=r"iterations 1-3: every group's rewards were equal .*train/reward 0\)"):
+        fit(tmp_path / "flat", random_model_dir, "--model.init_args.iterations=3")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(tmp_path / "digits", random_model_dir, "--model.init_args.iterations=3", *DIGITS)
+    assert not [w for w in caught if "every group's rewards were equal" in str(w.message)]

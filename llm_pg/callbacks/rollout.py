@@ -18,6 +18,7 @@ from enum import Enum
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from llm_pg.core.advantages import clipped_advantages, overlong_penalty, settled_groups, truncated_rows, unsettled_rows
@@ -26,7 +27,7 @@ from llm_pg.data.batches import PromptBatch, ScoredRollout
 from llm_pg.data.tasks.base import Example, Score
 from llm_pg.engines.episodes import Sampler, episode_sums
 from llm_pg.models.generation import Generation, PromptTooLong, Sampling
-from llm_pg.runs.guards import Ranks, RunStopped, prompt_stop, scores_or_stop, stop_together
+from llm_pg.runs.guards import FlatRollouts, Ranks, RunStopped, prompt_stop, scores_or_stop, stop_together
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class RolloutCallback(Callback):
 
     def __init__(self) -> None:
         self.context: RolloutContext | None = None  # the fit's, built at its first rollout
+        self.flat = FlatRollouts()  # warns after rollouts in a row without any advantage
 
     def on_train_batch_start(
         self, trainer: L.Trainer, module: L.LightningModule, batch: PromptBatch, batch_idx: int
@@ -150,6 +152,9 @@ class RolloutCallback(Callback):
         rollout = concat_rollouts(parts, context.pad)
         eos = context.sampler.eos
         metrics = rollout_metrics(rollout, scores, variants.group_size, eos, sampling_seconds)
+        message = self.flat.update(iteration + 1, metrics["train/frac_zero_std_groups"], metrics["train/reward"])
+        if message:
+            rank_zero_warn(message)
         kept = None
         if variants.filter_zero_std_groups:
             kept = reduced(trainer, min(spread, context.prompts_per_step), "min")
@@ -164,6 +169,7 @@ class RolloutCallback(Callback):
 
     def on_fit_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self.context = None  # a context is one fit's
+        self.flat = FlatRollouts()
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if module.device.type == "cuda":

@@ -6,7 +6,8 @@ value; a task that raises stops it with the task's own traceback frames and the 
 crashes its process (scored in reward workers when it runs user code: `llm_pg.data.isolation`) with what happened.
 `DivergenceGuard` stops the run after `max_skipped_iterations` consecutive iterations in which every optimizer step
 was skipped as non-finite, or at once when the loss or a trainable weight is not finite. Either way the run ends
-with `RunStopped`: no `final/`, no `COMPLETE`, exit 1 from the CLI.
+with `RunStopped`: no `final/`, no `COMPLETE`, exit 1 from the CLI. `FlatRollouts` only warns: rollouts in a row
+that carry no advantage at all (a task the policy always or never solves) train nothing, but are not an error.
 """
 
 from __future__ import annotations
@@ -222,3 +223,32 @@ class DivergenceGuard:
                 f"iter_*.ckpt of iteration {self.healthy_iteration} or earlier (the last healthy one) is kept, if one "
                 f"was written; {knobs}, in a new --run_name"
             )
+
+
+FLAT_PATIENCE = 3  # rollouts in a row with every group settled before `FlatRollouts` warns
+
+
+class FlatRollouts:
+    """Says when a run learns nothing: `patience` rollouts in a row in which every group's rewards were equal
+    (`train/frac_zero_std_groups` 1.0), so every advantage was 0 and only the KL term moved the policy. It warns once
+    per such streak (a rollout with spread ends it). The streak is not checkpointed: after a resume it counts
+    again."""
+
+    def __init__(self, patience: int = FLAT_PATIENCE) -> None:
+        self.patience = patience
+        self.streak = 0
+
+    def update(self, iteration: int, settled_frac: float, reward: float) -> str | None:
+        """Record iteration `iteration`'s rollout (1-based): its share of settled groups and its mean reward; returns
+        the warning's text when the streak reaches `patience`, else None."""
+        self.streak = self.streak + 1 if settled_frac >= 1.0 else 0
+        if self.streak != self.patience:
+            return None
+        return (
+            f"iterations {iteration - self.patience + 1}-{iteration}: every group's rewards were equal "
+            f"(train/frac_zero_std_groups 1.0, train/reward {reward:.3g}), so every advantage was 0 and nothing was "
+            "learnt from these rollouts (only the KL term moves the policy): on every prompt the policy does as well "
+            "in each sample as in the others, a task it always or never solves. Read the rollouts "
+            "(generations.jsonl): give the reward partial credit, raise temperature or group_size, or start from a "
+            "model that sometimes succeeds (docs/metrics.md)"
+        )
