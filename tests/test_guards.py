@@ -167,14 +167,16 @@ def test_a_stopped_run_is_never_continued_or_completed_by_a_resume(tmp_path, ran
 
 def test_rollouts_without_any_advantage_warn_once_per_streak():
     flat = FlatRollouts(patience=3)
-    assert [flat.update(i, 1.0, 0.0) for i in (1, 2)] == [None, None]
-    message = flat.update(3, 1.0, 0.0)
+    assert [flat.update(i, 1.0, 0.0, 0.0) for i in (1, 2)] == [None, None]
+    message = flat.update(3, 1.0, 0.0, 0.0)
     assert message.startswith("iterations 1-3: every group's rewards were equal (train/frac_zero_std_groups 1.0, ")
-    assert flat.update(4, 1.0, 0.0) is None  # once per streak
-    assert flat.update(5, 0.75, 0.2) is None and flat.streak == 0  # a group with spread ends it
-    assert [flat.update(i, 1.0, 1.3) for i in (6, 7)] == [None, None]
-    message = flat.update(8, 1.0, 1.3)
+    assert "a task it never solves" in message
+    assert flat.update(4, 1.0, 0.0, 0.0) is None  # once per streak
+    assert flat.update(5, 0.75, 0.2, 0.1) is None and flat.streak == 0  # a group with spread ends it
+    assert [flat.update(i, 1.0, 1.3, 1.0) for i in (6, 7)] == [None, None]
+    message = flat.update(8, 1.0, 1.3, 1.0)
     assert message.startswith("iterations 6-8:") and "train/reward 1.3)" in message
+    assert "the policy solves every prompt (train/accuracy 1.0)" in message
 
 
 def test_a_run_whose_groups_are_all_flat_says_so(tmp_path, random_model_dir):

@@ -152,7 +152,8 @@ class RolloutCallback(Callback):
         rollout = concat_rollouts(parts, context.pad)
         eos = context.sampler.eos
         metrics = rollout_metrics(rollout, scores, variants.group_size, eos, sampling_seconds)
-        message = self.flat.update(iteration + 1, metrics["train/frac_zero_std_groups"], metrics["train/reward"])
+        flat = (metrics[f"train/{name}"] for name in ("frac_zero_std_groups", "reward", "accuracy"))
+        message = self.flat.update(iteration + 1, *flat)
         if message:
             rank_zero_warn(message)
         kept = None

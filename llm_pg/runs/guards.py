@@ -238,17 +238,22 @@ class FlatRollouts:
         self.patience = patience
         self.streak = 0
 
-    def update(self, iteration: int, settled_frac: float, reward: float) -> str | None:
-        """Record iteration `iteration`'s rollout (1-based): its share of settled groups and its mean reward; returns
-        the warning's text when the streak reaches `patience`, else None."""
+    def update(self, iteration: int, settled_frac: float, reward: float, accuracy: float) -> str | None:
+        """Record iteration `iteration`'s rollout (1-based): its share of settled groups, mean reward and share of
+        correct completions; returns the warning's text when the streak reaches `patience`, else None."""
         self.streak = self.streak + 1 if settled_frac >= 1.0 else 0
         if self.streak != self.patience:
             return None
+        if accuracy >= 1.0:
+            why = "the policy solves every prompt (train/accuracy 1.0): harder prompts would teach it more"
+        else:
+            why = (
+                "on each prompt every sample does as well as the others (a task it never solves, or a reward that "
+                "tells them apart on nothing it does): read the rollouts (generations.jsonl), give the reward partial "
+                "credit, raise temperature or group_size, or start from a model that sometimes succeeds"
+            )
         return (
             f"iterations {iteration - self.patience + 1}-{iteration}: every group's rewards were equal "
             f"(train/frac_zero_std_groups 1.0, train/reward {reward:.3g}), so every advantage was 0 and nothing was "
-            "learnt from these rollouts (only the KL term moves the policy): on every prompt the policy does as well "
-            "in each sample as in the others, a task it always or never solves. Read the rollouts "
-            "(generations.jsonl): give the reward partial credit, raise temperature or group_size, or start from a "
-            "model that sometimes succeeds (docs/metrics.md)"
+            f"learnt from these rollouts (only the KL term moves the policy); {why} (docs/metrics.md)"
         )
