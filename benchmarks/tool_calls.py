@@ -18,6 +18,7 @@ import time
 import torch
 
 from llm_pg.data.tasks import CalcArithTask
+from llm_pg.data.tasks.calc_arith import calc
 from llm_pg.engines.episodes import KINDS, run_episodes
 from llm_pg.engines.hf import HFEngine
 from llm_pg.models.generation import Sampling, eos_token_ids
@@ -39,6 +40,11 @@ def main() -> None:
     parser.add_argument("--mul-range", type=int, nargs=2, default=[10, 99], help="both operands' inclusive range")
     parser.add_argument("--max-turns", type=int, default=3, help="1: the task without the tool")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--result-template",
+        default="{value}",
+        help="the calculator's observation ({value}: its result, {expression}: the call's input; json calls only)",
+    )
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -56,6 +62,8 @@ def main() -> None:
         call_format=args.call_format,
         **prompt,
     )
+    if args.call_format == "json" and args.result_template != "{value}":
+        task.tools = {"calculator": worded(args.result_template)}
     engine, eos = HFEngine(model, tokenizer), eos_token_ids(model, tokenizer)
     examples = task.eval_examples
     for name, sampling, count in (
@@ -87,6 +95,16 @@ def main() -> None:
             )
         for transcript in out.transcripts[: args.show]:
             print("   ", repr(transcript[:300]))
+
+
+def worded(template: str):
+    """The JSON calculator with its result put into `template` (the same schema: the same tool block)."""
+
+    def calculator(expression: str) -> str:
+        return template.replace("{value}", calc(expression)).replace("{expression}", expression)
+
+    calculator.__doc__ = calc.__doc__
+    return calculator
 
 
 if __name__ == "__main__":
