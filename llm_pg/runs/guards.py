@@ -230,9 +230,10 @@ FLAT_PATIENCE = 3  # rollouts in a row with every group settled before `FlatRoll
 
 class FlatRollouts:
     """Says when a run learns nothing: `patience` rollouts in a row in which every group's rewards were equal
-    (`train/frac_zero_std_groups` 1.0), so every advantage was 0 and only the KL term moved the policy. It warns once
-    per such streak (a rollout with spread ends it). The streak is not checkpointed: after a resume it counts
-    again."""
+    (`train/frac_zero_std_groups` 1.0), so every advantage was 0 and only the KL term moved the policy, while the
+    task is not solved (`train/accuracy` below 1: a solved task's flat groups are success, as at the end of the tiny
+    main job). It warns once per such streak (a rollout with spread ends it). The streak is not checkpointed: after
+    a resume it counts again."""
 
     def __init__(self, patience: int = FLAT_PATIENCE) -> None:
         self.patience = patience
@@ -241,19 +242,15 @@ class FlatRollouts:
     def update(self, iteration: int, settled_frac: float, reward: float, accuracy: float) -> str | None:
         """Record iteration `iteration`'s rollout (1-based): its share of settled groups, mean reward and share of
         correct completions; returns the warning's text when the streak reaches `patience`, else None."""
-        self.streak = self.streak + 1 if settled_frac >= 1.0 else 0
+        flat = settled_frac >= 1.0 and accuracy < 1.0  # a solved task's flat groups are no cause for a warning
+        self.streak = self.streak + 1 if flat else 0
         if self.streak != self.patience:
             return None
-        if accuracy >= 1.0:
-            why = "the policy solves every prompt (train/accuracy 1.0): harder prompts would teach it more"
-        else:
-            why = (
-                "on each prompt every sample does as well as the others (a task it never solves, or a reward that "
-                "tells them apart on nothing it does): read the rollouts (generations.jsonl), give the reward partial "
-                "credit, raise temperature or group_size, or start from a model that sometimes succeeds"
-            )
         return (
             f"iterations {iteration - self.patience + 1}-{iteration}: every group's rewards were equal "
-            f"(train/frac_zero_std_groups 1.0, train/reward {reward:.3g}), so every advantage was 0 and nothing was "
-            f"learnt from these rollouts (only the KL term moves the policy); {why} (docs/metrics.md)"
+            f"(train/frac_zero_std_groups 1.0, train/reward {reward:.3g}, train/accuracy {accuracy:.3g}), so every "
+            "advantage was 0 and nothing was learnt from these rollouts (only the KL term moves the policy): on each "
+            "prompt every sample does as well as the others. Read the rollouts (generations.jsonl): give the reward "
+            "partial credit, raise temperature or group_size, or start from a model that sometimes succeeds "
+            "(docs/metrics.md)"
         )
