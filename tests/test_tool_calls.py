@@ -241,6 +241,8 @@ def test_without_calls_keeps_the_text_addressed_to_the_user():
     quoted = f"Write it like this:\n```\n{good}\n```\nDone: 12"
     assert without_calls(quoted, names) == quoted
     assert without_calls(f"12 <tool_call>{bare}", names) == "12 "  # unclosed: the rest of the turn is the call
+    cut = '```json\n{\n  "name": "calculator",\n  "arguments": {\n    "expression": "4582'  # out of tokens
+    assert without_calls(cut, names) == "" and without_calls("```\nThe product is 4582", names) != ""
     assert without_calls(good * 3 + " 7", names, CallLimits(max_calls=2)) == ""  # surplus: likewise
     assert without_calls("\\boxed{12}", names) == "\\boxed{12}"
 

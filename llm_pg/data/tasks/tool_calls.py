@@ -154,7 +154,9 @@ def without_calls(turn: str, names: Collection[str], limits: CallLimits = LIMITS
     (`{"expression": "1776"}` would otherwise end the text on the gold number). Linear; never raises."""
     spans = _call_spans(turn, limits.max_calls)
     if not spans:
-        whole = limits.whole_turn and OPEN not in turn and _whole_turn_call(turn, names, limits)
+        whole = (
+            limits.whole_turn and OPEN not in turn and (_whole_turn_call(turn, names, limits) or _cut_call(turn, names))
+        )
         return "" if whole else turn
     pieces, position = [], 0
     for start, end, _ in spans:
@@ -183,6 +185,16 @@ def _whole_turn_call(turn: str, names: Collection[str], limits: CallLimits) -> l
     if isinstance(value, CallError) and any(name in names for name in _NAMED.findall(text)):
         return [value]
     return []
+
+
+def _cut_call(turn: str, names: Collection[str]) -> bool:
+    """Whether the turn is a fenced call the token budget cut off: a ``` fence that never closes, around text that
+    starts as a JSON object naming one of `names` (its arguments, `{"expression": "4582`, are no answer either)."""
+    text = turn.strip()
+    if not text.startswith(FENCE) or text.find(FENCE, len(FENCE)) >= 0:
+        return False
+    body = text[text.find("\n") + 1 :].lstrip() if "\n" in text else ""
+    return body.startswith("{") and any(name in names for name in _NAMED.findall(body[: LIMITS.max_json_chars]))
 
 
 def _as_call(body: str, limits: CallLimits) -> ToolCall | CallError:
