@@ -7,7 +7,7 @@ crashes its process (scored in reward workers when it runs user code: `llm_pg.da
 `DivergenceGuard` stops the run after `max_skipped_iterations` consecutive iterations in which every optimizer step
 was skipped as non-finite, or at once when the loss or a trainable weight is not finite. Either way the run ends
 with `RunStopped`: no `final/`, no `COMPLETE`, exit 1 from the CLI. `FlatRollouts` only warns: rollouts in a row
-that carry no advantage at all (a task the policy always or never solves) train nothing, but are not an error.
+that carry no advantage at all on a task the policy has not solved train nothing, but are not an error.
 """
 
 from __future__ import annotations

@@ -155,7 +155,9 @@ def without_calls(turn: str, names: Collection[str], limits: CallLimits = LIMITS
     spans = _call_spans(turn, limits.max_calls)
     if not spans:
         whole = (
-            limits.whole_turn and OPEN not in turn and (_whole_turn_call(turn, names, limits) or _cut_call(turn, names))
+            limits.whole_turn
+            and OPEN not in turn
+            and (_whole_turn_call(turn, names, limits) or _cut_call(turn, names, limits))
         )
         return "" if whole else turn
     pieces, position = [], 0
@@ -187,14 +189,14 @@ def _whole_turn_call(turn: str, names: Collection[str], limits: CallLimits) -> l
     return []
 
 
-def _cut_call(turn: str, names: Collection[str]) -> bool:
+def _cut_call(turn: str, names: Collection[str], limits: CallLimits) -> bool:
     """Whether the turn is a fenced call the token budget cut off: a ``` fence that never closes, around text that
     starts as a JSON object naming one of `names` (its arguments, `{"expression": "4582`, are no answer either)."""
     text = turn.strip()
     if not text.startswith(FENCE) or text.find(FENCE, len(FENCE)) >= 0:
         return False
     body = text[text.find("\n") + 1 :].lstrip() if "\n" in text else ""
-    return body.startswith("{") and any(name in names for name in _NAMED.findall(body[: LIMITS.max_json_chars]))
+    return body.startswith("{") and any(name in names for name in _NAMED.findall(body[: limits.max_json_chars]))
 
 
 def _as_call(body: str, limits: CallLimits) -> ToolCall | CallError:
