@@ -45,6 +45,7 @@ def main() -> None:
         default="{value}",
         help="the calculator's observation ({value}: its result, {expression}: the call's input; json calls only)",
     )
+    parser.add_argument("--shots", type=int, default=0, help="worked products before the question (calc_arith)")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -60,6 +61,7 @@ def main() -> None:
         eval_size=args.eval_size,
         prompt_template=args.prompt_template,
         call_format=args.call_format,
+        shots=args.shots,
         **prompt,
     )
     if args.call_format == "json" and args.result_template != "{value}":

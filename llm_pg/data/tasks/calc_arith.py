@@ -60,6 +60,10 @@ class CalcArithTask(ToolTask, BoxedAnswerTask):
         eval_seed: seed of the eval set.
         call_format: tags (<calc>EXPR</calc>, the tool `calc`) or json (the tool `calculator(expression)` in the
             chat template's tools= block, called with <tool_call> JSON).
+        shots: worked products shown before the question, as earlier turns of the conversation (`demonstrations`):
+            with the tool (json, `max_turns` > 1) each is the question, a call, the calculator's result and
+            `The answer is \\boxed{N}.`; without it (`max_turns: 1`) the question and `A*B = N. The answer is
+            \\boxed{N}.`. The products are fixed (`random.Random("calc_arith-shots")`), the same in both.
     """
 
     name = "calc_arith"
@@ -75,6 +79,7 @@ class CalcArithTask(ToolTask, BoxedAnswerTask):
         eval_size: int = 128,
         eval_seed: int = 4321,
         call_format: str = "tags",
+        shots: int = 0,
     ) -> None:
         if call_format == "json" and system_prompt == SYSTEM_PROMPT:  # the default: the one for the call format
             system_prompt = JSON_SYSTEM_PROMPT
@@ -86,7 +91,38 @@ class CalcArithTask(ToolTask, BoxedAnswerTask):
             raise ValueError(f"mul_range must be (low, high) with 0 <= low <= high, got {tuple(mul_range)}")
         if "{expr}" not in prompt_template:
             raise ValueError(f"prompt_template must contain '{{expr}}', got {prompt_template!r}")
-        self.mul_range, self.prompt_template = (low, high), prompt_template
+        if shots < 0:
+            raise ValueError(f"shots must be >= 0, got {shots}")
+        if shots and call_format != "json" and max_turns > 1:
+            raise ValueError(
+                "shots with the tool need call_format: json (a <calc> call and its result are not chat messages); "
+                "set call_format: json, or max_turns: 1 for the task without the tool"
+            )
+        self.mul_range, self.prompt_template, self.shots = (low, high), prompt_template, shots
+
+    def demonstrations(self) -> list[dict]:
+        """The `shots` worked products as chat messages, before the question (`messages`): with the tool, the call
+        as the template's own `tool_calls` and the result as a tool turn; without it, the product written out."""
+        ((name, tool),) = self.tools.items()
+        rng, turns = random.Random("calc_arith-shots"), []
+        for _ in range(self.shots):
+            a, b = rng.randint(*self.mul_range), rng.randint(*self.mul_range)
+            expr, value = f"{a}*{b}", str(a * b)
+            answer = f"The answer is \\boxed{{{value}}}."
+            turns.append({"role": "user", "content": self.prompt_template.replace("{expr}", expr)})
+            if self.shows_tools:
+                call = {"type": "function", "function": {"name": name, "arguments": {"expression": expr}}}
+                turns.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                turns.append({"role": self.observation_role, "content": tool(expr)})
+                turns.append({"role": "assistant", "content": answer})
+            else:
+                turns.append({"role": "assistant", "content": f"{expr} = {value}. {answer}"})
+        return turns
+
+    def messages(self, example: Example) -> list[dict]:
+        """The system turn (if any), the `shots` demonstrations, then the question."""
+        turns = super().messages(example)
+        return [*turns[:-1], *self.demonstrations(), turns[-1]]
 
     def _draw(self, rng: random.Random) -> Example:
         a, b = rng.randint(*self.mul_range), rng.randint(*self.mul_range)
