@@ -366,3 +366,45 @@ def test_trimming_a_rollout_cuts_the_completion_fields_only():
     cut = rollout.trimmed()
     assert cut.input_ids.shape == (n, prompt + 2) and cut.completion_mask.shape == (n, 2)
     assert torch.equal(cut.tool_error_kinds, kinds)
+
+
+def test_shots_show_worked_products_the_arms_way_before_the_question(qwen_tokenizer):
+    """calc_arith's `shots`: with the tool, each worked product is the template's own rendering of a call, the
+    calculator's result and the boxed answer; without it (max_turns 1), the product written out. Both arms show the
+    same products; an episode after them is still token in, token out."""
+    with_tool, without = (
+        CalcArithTask(call_format="json", shots=2),
+        CalcArithTask(call_format="json", shots=2, max_turns=1),
+    )
+    example = Example("37*48=?", "1776")
+    shown = with_tool.messages(example)
+    assert [m["role"] for m in shown] == ["system", *["user", "assistant", "tool", "assistant"] * 2, "user"]
+    assert shown[-1]["content"] == "37*48=?" and CalcArithTask(call_format="json").messages(example) == [
+        shown[0],
+        shown[-1],
+    ]
+    products = [m["content"][: -len("=?")] for m in shown[1:-1] if m["role"] == "user"]
+    assert [m["content"] for m in without.messages(example)[1:-1] if m["role"] == "user"] == [
+        p + "=?" for p in products
+    ]
+    text = qwen_tokenizer.apply_chat_template(
+        shown, tools=list(task_tool_schemas(with_tool).values()), tokenize=False, add_generation_prompt=True
+    )
+    a, b = (int(x) for x in products[0].split("*"))
+    assert (
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "' + products[0] + '"}}\n</tool_call>'
+        f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{a * b}\n</tool_response><|im_end|>\n"
+        f"<|im_start|>assistant\nThe answer is \\boxed{{{a * b}}}.<|im_end|>"
+    ) in text
+    assert without.messages(example)[2]["content"] == f"{products[0]} = {a * b}. The answer is \\boxed{{{a * b}}}."
+    check_tool_template(qwen_tokenizer, with_tool)  # the shown history keeps the template prefix-preserving
+    turns = [call("calculator", expression="37*48"), "\\boxed{1776}"]
+    out, _ = episodes(qwen_tokenizer, with_tool, [turns], examples=[example], max_new_tokens=300)
+    whole = rendered(qwen_tokenizer, with_tool, example, turns, [["1776"]])
+    prompt = out.prompt_ids[0][out.prompt_mask[0].bool()].tolist()
+    region = out.completion_ids[0][out.completion_attention[0].bool()].tolist()
+    assert whole[: len(prompt) + len(region)] == prompt + region and out.texts == ["\\boxed{1776}"]
+    with pytest.raises(ValueError, match="shots with the tool need call_format: json"):
+        CalcArithTask(call_format="tags", shots=1)
+    with pytest.raises(ValueError, match="shots must be >= 0"):
+        CalcArithTask(call_format="json", shots=-1)
