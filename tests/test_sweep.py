@@ -1,13 +1,26 @@
 """Sweep files: expansion into seeded, named runs; the shipped sweeps parse with the real `llm-pg fit` parser."""
 
+import os
+import signal
 import sys
-from types import SimpleNamespace
+import threading
+import time
 
 import pytest
 import yaml
 from conftest import ROOT
 
-from llm_pg.cli.sweep import Run, cli_value, expand, load_sweep, main, override_args, resume_flag, select
+from llm_pg.cli.sweep import (
+    Run,
+    cli_value,
+    expand,
+    load_sweep,
+    main,
+    override_args,
+    resume_flag,
+    run_fit,
+    select,
+)
 
 SWEEP = {
     "name": "abl",
@@ -102,12 +115,43 @@ def test_a_run_stopped_by_sigterm_is_not_counted_finished(tmp_path, capsys, monk
     sweep_file = tmp_path / "abl.yaml"
     sweep_file.write_text(yaml.safe_dump({k: v for k, v in SWEEP.items() if k != "name"}))
     codes = iter([0, 143, 0, 3])
-    monkeypatch.setattr("llm_pg.cli.sweep.subprocess.run", lambda *a, **k: SimpleNamespace(returncode=next(codes)))
+    monkeypatch.setattr("llm_pg.cli.sweep.run_fit", lambda command: (next(codes), False))
     assert main([str(sweep_file), "--runs_root", str(tmp_path / "runs"), "--only", "reference,kl_coef0.2"]) == 1
     captured = capsys.readouterr()
     assert "sweep: 2/4 runs finished" in captured.out
     assert "abl/kl_coef0.2_seed3: interrupted (saved; the next sweep resumes it)" in captured.err  # runs in run order
     assert "abl/reference_seed3: failed (exit 3)" in captured.err
+
+
+def test_a_sigterm_to_the_sweep_stops_its_run_and_the_sweep(tmp_path, capsys, monkeypatch):
+    """`kill <sweep>` reaches the running `llm-pg fit` (which saves and stops) instead of orphaning it."""
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    child = (
+        "import pathlib, signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(got)!r}).write_text('term'), sys.exit(143)))\n"
+        f"pathlib.Path({str(ready)!r}).write_text('')\n"
+        "time.sleep(60)\n"
+    )
+
+    def kill_when_ready():
+        for _ in range(600):
+            if ready.exists():
+                return os.kill(os.getpid(), signal.SIGTERM)  # to this process: the sweep
+            time.sleep(0.05)
+
+    threading.Thread(target=kill_when_ready, daemon=True).start()
+    start = time.perf_counter()
+    assert run_fit([sys.executable, "-c", child]) == (143, True)
+    assert got.read_text() == "term" and time.perf_counter() - start < 30
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the sweep's own handling is back
+
+    sweep_file = tmp_path / "abl.yaml"
+    sweep_file.write_text(yaml.safe_dump({k: v for k, v in SWEEP.items() if k != "name"}))
+    monkeypatch.setattr("llm_pg.cli.sweep.run_fit", lambda command: (143, True))
+    assert main([str(sweep_file), "--runs_root", str(tmp_path / "runs"), "--only", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert "abl/reference_seed0: interrupted (saved; the next sweep resumes it)" in err
+    assert "abl/reference_seed3: not started" in err
 
 
 SHIPPED = sorted((ROOT / "configs" / "sweeps").glob("*.yaml"))

@@ -114,6 +114,29 @@ def outcome(returncode: int) -> str:
     return f"failed (exit {returncode})"
 
 
+def run_fit(command: Sequence[str]) -> tuple[int, bool]:
+    """Run one `llm-pg fit` to its end: `(exit code, whether this sweep got SIGTERM meanwhile)`. A SIGTERM to the
+    sweep (`kill`, a job scheduler, `timeout`) is passed on to the run, which saves and stops, instead of killing
+    the sweep alone and leaving its run training unseen; Ctrl-C reaches both through the terminal."""
+    stopped = False
+    child: subprocess.Popen | None = None
+
+    def forward(signum: int, frame: object) -> None:
+        nonlocal stopped
+        stopped = True
+        if child is not None:
+            child.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        child = subprocess.Popen(list(command))
+        if stopped:  # the signal came before the run existed
+            child.send_signal(signal.SIGTERM)
+        return child.wait(), stopped
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, except that a key given twice in one mapping is an error (plain YAML keeps the last one
     silently: a run listed twice would run once, with the second set of overrides)."""
@@ -239,12 +262,12 @@ def main(argv: Sequence[str]) -> int:
         if args.dry_run or done:
             finished += done
             continue
-        returncode = subprocess.run([sys.executable, "-m", "llm_pg.cli.fit", "fit", *fit_args], check=False).returncode
+        returncode, stopped = run_fit([sys.executable, "-m", "llm_pg.cli.fit", "fit", *fit_args])
         if returncode == 0:
             finished += 1
-            continue
-        failed.append(f"{run.name}: {outcome(returncode)}")
-        if returncode in (128 + signal.SIGINT, -signal.SIGINT):  # Ctrl-C stops the sweep, not just this run
+        else:
+            failed.append(f"{run.name}: {outcome(returncode)}")
+        if stopped or returncode in (128 + signal.SIGINT, -signal.SIGINT):  # stops the sweep, not just this run
             failed += [f"{later.name}: not started" for later in runs[i:]]
             break
     if not args.dry_run:
