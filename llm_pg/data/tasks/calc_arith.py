@@ -103,7 +103,7 @@ class CalcArithTask(ToolTask, BoxedAnswerTask):
     def demonstrations(self) -> list[dict]:
         """The `shots` worked products as chat messages, before the question (`messages`): with the tool, the call
         as the template's own `tool_calls` and the result as a tool turn; without it, the product written out."""
-        ((name, tool),) = self.tools.items()
+        name, tool = next(iter(self.tools.items()))  # the calculator (a subclass's first tool)
         rng, turns = random.Random("calc_arith-shots"), []
         for _ in range(self.shots):
             a, b = rng.randint(*self.mul_range), rng.randint(*self.mul_range)
