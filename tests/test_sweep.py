@@ -139,11 +139,12 @@ def test_a_sigterm_to_the_sweep_stops_its_run_and_the_sweep(tmp_path, capsys, mo
                 return os.kill(os.getpid(), signal.SIGTERM)  # to this process: the sweep
             time.sleep(0.05)
 
+    before = signal.getsignal(signal.SIGTERM)
     threading.Thread(target=kill_when_ready, daemon=True).start()
     start = time.perf_counter()
     assert run_fit([sys.executable, "-c", child]) == (143, True)
     assert got.read_text() == "term" and time.perf_counter() - start < 30
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the sweep's own handling is back
+    assert signal.getsignal(signal.SIGTERM) is before  # the sweep's own handling is back
 
     sweep_file = tmp_path / "abl.yaml"
     sweep_file.write_text(yaml.safe_dump({k: v for k, v in SWEEP.items() if k != "name"}))

@@ -102,8 +102,10 @@ class CalcArithTask(ToolTask, BoxedAnswerTask):
 
     def demonstrations(self) -> list[dict]:
         """The `shots` worked products as chat messages, before the question (`messages`): with the tool, the call
-        as the template's own `tool_calls` and the result as a tool turn; without it, the product written out."""
-        name, tool = next(iter(self.tools.items()))  # the calculator (a subclass's first tool)
+        as the template's own `tool_calls` and the product as the tool turn (what the calculator returns; no tool
+        runs here, so a subclass's own tool never runs outside the reward workers); without it, the product
+        written out."""
+        name = next(iter(self.tools))  # the calculator (a subclass's first tool)
         rng, turns = random.Random("calc_arith-shots"), []
         for _ in range(self.shots):
             a, b = rng.randint(*self.mul_range), rng.randint(*self.mul_range)
@@ -113,7 +115,7 @@ class CalcArithTask(ToolTask, BoxedAnswerTask):
             if self.shows_tools:
                 call = {"type": "function", "function": {"name": name, "arguments": {"expression": expr}}}
                 turns.append({"role": "assistant", "content": "", "tool_calls": [call]})
-                turns.append({"role": self.observation_role, "content": tool(expr)})
+                turns.append({"role": self.observation_role, "content": value})
                 turns.append({"role": "assistant", "content": answer})
             else:
                 turns.append({"role": "assistant", "content": f"{expr} = {value}. {answer}"})
