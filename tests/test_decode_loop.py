@@ -1,4 +1,4 @@
-"""The HF engine's decode loop (`llm_pg.models.decode_loop.decode`): rows that have ended leave the batch, and every
+"""The HF engine's decode loop (`llm_pg.models.decoding.decode`): rows that have ended leave the batch, and every
 row draws the tokens HF `generate` draws from the same seed."""
 
 import itertools
@@ -7,8 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from llm_pg.models.decode_loop import decode, kept_rows
-from llm_pg.models.decoding import reserved_cache
+from llm_pg.models.decoding import decode, kept_rows, reserved_cache
 from llm_pg.models.generation import (
     Sampling,
     encode_prompts,

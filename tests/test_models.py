@@ -57,3 +57,20 @@ def test_a_frozen_head_gets_a_contiguous_input_and_the_same_logits(random_model_
     assert seen == [True, True]
     expected = hidden[:, -2:, :].contiguous() @ head.weight.T
     torch.testing.assert_close(kept, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_trained_head_gets_no_hook_and_its_sliced_product_equals_the_contiguous_one(random_model_dir):
+    """Full fine-tuning's head requires grad: torch folds the sliced `[b, k, H]` input into one matrix product
+    already, so the loader hooks only frozen heads; the unhooked head's logits equal the contiguous product bit for
+    bit, under no grad (sampling) and with a graph (training)."""
+    import torch
+
+    model = load_policy(random_model_dir, torch.float32)
+    head = model.get_output_embeddings()
+    assert head.weight.requires_grad and not head._forward_pre_hooks
+    hidden = torch.randn(3, 9, head.in_features, generator=torch.Generator().manual_seed(1))
+    view = hidden[:, -2:, :]
+    assert not view.is_contiguous()
+    with torch.no_grad():
+        assert torch.equal(head(view), head(view.contiguous()))
+    assert torch.equal(head(view).detach(), head(view.contiguous()).detach())

@@ -113,9 +113,8 @@ class SamplerHealth:
 
     def __call__(self, rollout: RolloutBatch, old_logp: Tensor | None = None) -> dict[str, float]:
         """The figures of `rollout` against pi_old (`old_logp`, the update's; default `rollout.old_logp`): none
-        when there is nothing to compare (the sampler is the policy and no correction is set)."""
-        if rollout.sampled_logp is None and self.correction is None:
-            return {}
+        when there is nothing to compare (the sampler is the policy and no correction is set: the module then does
+        not call it)."""
         metrics = {**logprob_mismatch(rollout, old_logp), **tis_metrics(rollout, self.correction, old_logp)}
         message = self.trend.update(metrics.get("rollout/logprob_mismatch_mean"))
         if message:

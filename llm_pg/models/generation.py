@@ -13,8 +13,7 @@ from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokeniz
 
 from llm_pg.core.losses import completion_mask
 from llm_pg.models.cache import kv_cache, with_kv_cache
-from llm_pg.models.decode_loop import decode
-from llm_pg.models.decoding import compiled_forward, reserved_cache
+from llm_pg.models.decoding import compiled_forward, decode, reserved_cache
 from llm_pg.models.sampling import NucleusSampler
 
 Conversation = Sequence[dict[str, str]]
@@ -244,7 +243,7 @@ def generate(
     generation config may carry are switched off, so the log-probs the trainer computes at `temperature`
     are those of the sampling distribution (up to top-p truncation). With `top_p < 1` the token is drawn from
     `llm_pg.models.sampling.nucleus` (transformers' nucleus, without sorting the vocabulary at every token).
-    The decode loop is ours (`llm_pg.models.decode_loop.decode`: rows that have ended leave the batch, the tokens
+    The decode loop is ours (`llm_pg.models.decoding.decode`: rows that have ended leave the batch, the tokens
     are HF `generate`'s); a model whose generation config names a cache of its own decodes with HF `generate`.
     With `seed`, sampling draws from a forked RNG seeded with it: the same seed gives the same completions and
     global RNG state is untouched.
@@ -362,7 +361,7 @@ def sample_ids(
     with torch.random.fork_rng(devices=devices, enabled=seed is not None), compiled_forward(model, compiled):
         if seed is not None:
             torch.manual_seed(seed)
-        if cache is not None:  # our loop: ended rows leave the batch (llm_pg.models.decode_loop)
+        if cache is not None:  # our loop: ended rows leave the batch (llm_pg.models.decoding.decode)
             ids = decode(model, prompt_ids, prompt_mask, cache, sampling, eos, pad, unused)
         else:
             ids = hf_generate(model, prompt_ids, prompt_mask, sampling, eos, pad, unused)

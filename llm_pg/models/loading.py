@@ -183,9 +183,11 @@ def contiguous_head_input(model: PreTrainedModel) -> None:
     requires grad; for a frozen head (LoRA's, the reference model's) it broadcasts the `[V, H]` weight to every row
     and copies it (pytorch/pytorch#186148). One prefill's head call on Qwen2.5-0.5B at 32 rows took 19.8 s and
     8.5 GB instead of 39 ms (`benchmarks/head_input.py`), at every rollout turn and no-grad pass. The hook copies
-    the kept positions (`[b, k, H]`, small), so the product is one matrix product."""
+    the kept positions (`[b, k, H]`, small), so the product is one matrix product. A trained head (full
+    fine-tuning's policy) gets no hook: its product is already the folded one, the same values bit for bit."""
     head = model.get_output_embeddings()
-    if isinstance(head, torch.nn.Module):
+    weight = getattr(head, "weight", None)
+    if isinstance(head, torch.nn.Module) and not (isinstance(weight, torch.Tensor) and weight.requires_grad):
         head.register_forward_pre_hook(_contiguous_input)
 
 

@@ -345,9 +345,10 @@ class PolicyGradientModule(FitComponents, L.LightningModule, ABC):
                 "time/update": time.perf_counter() - start_time,
                 "time/elapsed": time.perf_counter() - self._clock,  # training wall time, resumes included
                 **scored.metrics,
-                **self.sampler_health(rollout, update.old_logp),  # pi_old may come from the update's first pass
             }
         )
+        if rollout.sampled_logp is not None or self.sampler_health.correction is not None:  # else nothing to compare
+            metrics |= self.sampler_health(rollout, update.old_logp)  # pi_old may come from the update's first pass
         scheduler.step()
         self.iteration += 1
         self._check_divergence(grad_norms, metrics.get("train/loss", 0.0), metrics["train/lr"])
