@@ -155,16 +155,18 @@ class FitComponents:
     def logprobs(self) -> LogProbs:
         """How completion log-probs are computed (`llm_pg.modules.logprobs.LogProbs`): at `logprob_temperature`, in
         the compute dtype, with the `speed` group's `logprob_chunk_size`, `share_prompt_prefix` and
-        `logprob_batch_size`. Built once, after `configure_model`."""
+        `logprob_batch_size`. Built once, after `configure_model`. A policy sharded by FSDP2 (its reference is sharded
+        with it) runs its head in one call and shares no prompt prefix: its root forward gathers the weights."""
         if self._logprobs is None:
             speed = self.speed
+            sharded = is_sharded(self.policy)
             self._logprobs = LogProbs(
                 policy=self.policy,
                 reference=self.reference,
                 lora=self.uses_lora,
                 temperature=self.logprob_temperature,
-                chunk_size=speed.logprob_chunk_size,
-                share_prefix=speed.share_prompt_prefix,
+                chunk_size=0 if sharded else speed.logprob_chunk_size,
+                share_prefix=speed.share_prompt_prefix and not sharded,
                 shared_dropout=speed.share_prompt_dropout,
                 batch_size=speed.logprob_batch_size,
                 autocast=self.autocast,
@@ -177,7 +179,7 @@ class FitComponents:
         if self._update is None:
             hp, speed = self.hparams, self.speed
             world = self.trainer.world_size
-            sharing = prefix_sharing_in_graph(self.policy, speed.share_prompt_prefix, speed.share_prompt_dropout)
+            sharing = prefix_sharing_in_graph(self.policy, self.logprobs.share_prefix, speed.share_prompt_dropout)
             self._update = UpdateContext(
                 policy=self.policy,
                 logprobs=self.logprobs,

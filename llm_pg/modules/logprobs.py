@@ -8,7 +8,8 @@ pass), and the completions run on top of that cache. The logits are the plain fo
 tokens of the duplicate rows: `(b - u) * P` of `b * (P + C)` token positions for `b` rows over `u` distinct prompts.
 
 It is used when it is exact and pays off (`shares_prefix`): at least two rows per distinct prompt on average, a
-model that is not sharded (FSDP2 would gather the weights twice), and, in a forward that builds a graph, no dropout
+model that is not sharded (FSDP2 would gather the weights twice: the module turns it off for a sharded policy,
+`LogProbs.share_prefix`), and, in a forward that builds a graph, no dropout
 (the duplicate rows would share one dropout mask on their prompt, which changes the estimator's noise;
 `speed.share_prompt_dropout: true` accepts that: one mask per prompt changes the gradient's variance, not its
 expectation) and no reentrant gradient checkpointing. Under non-reentrant checkpointing (what
@@ -40,7 +41,6 @@ from llm_pg.models.cache import (
     kv_cache,
     with_kv_cache,
 )
-from llm_pg.models.parallel import is_sharded
 
 
 def has_dropout(model: torch.nn.Module) -> bool:
@@ -67,20 +67,21 @@ def distinct_prompts(rollout: RolloutBatch) -> tuple[Tensor, Tensor]:
 
 
 def prefix_sharing_in_graph(model: torch.nn.Module, enabled: bool, shared_dropout: bool = False) -> bool:
-    """Whether a training forward (grad on, train mode) may share prompt prefixes: on, unsharded, no gradient
+    """Whether a training forward (grad on, train mode) may share prompt prefixes: on, no gradient
     checkpointing unless a non-reentrant one the cache survives (`models.cache.cache_survives_checkpointing`), and no
     dropout unless `shared_dropout` (the conditions of `shares_prefix` not about the rows)."""
     dropout_ok = shared_dropout or not has_dropout(model)
     checkpointing_ok = not activation_checkpointing(model) or cache_survives_checkpointing(model)
-    return enabled and not is_sharded(model) and checkpointing_ok and dropout_ok
+    return enabled and checkpointing_ok and dropout_ok
 
 
 def shares_prefix(
     model: torch.nn.Module, rollout: RolloutBatch, enabled: bool, shared_dropout: bool = False
 ) -> tuple[Tensor, Tensor] | None:
     """`distinct_prompts(rollout)` when prefix sharing is on, exact and worth a second forward call, else None.
-    `shared_dropout` (`speed.share_prompt_dropout`) accepts, in a training forward, one dropout mask per prompt."""
-    if not enabled or len(rollout) < 2 or is_sharded(model):
+    `shared_dropout` (`speed.share_prompt_dropout`) accepts, in a training forward, one dropout mask per prompt.
+    `enabled` is the caller's: off for a model sharded by FSDP2."""
+    if not enabled or len(rollout) < 2:
         return None
     builds_graph = torch.is_grad_enabled() and model.training
     if builds_graph and not prefix_sharing_in_graph(model, enabled, shared_dropout):
@@ -204,7 +205,8 @@ class LogProbs:
     at `temperature` (the module's `logprob_temperature`), under `autocast` (its compute dtype), with the head in
     chunks of `chunk_size` positions (`speed.logprob_chunk_size`; 0: one call), each distinct prompt run once when
     `share_prefix` (`speed.share_prompt_prefix`, and `shared_dropout` for `speed.share_prompt_dropout`), and no-grad
-    passes in micro-batches of `batch_size` rows (`speed.logprob_batch_size`). `policy` is the trained model;
+    passes in micro-batches of `batch_size` rows (`speed.logprob_batch_size`); for a policy sharded by FSDP2 (and its
+    reference, sharded with it) the module sets `chunk_size` 0 and `share_prefix` off. `policy` is the trained model;
     `reference` the frozen copy of full fine-tuning, or None (with LoRA pi_ref is the policy with its adapter switched
     off: `lora`)."""
 
@@ -225,10 +227,10 @@ class LogProbs:
         gradient: `entropy_grad`): `out[i, c] = log_softmax(logits[i, P-1+c] / T)[input_ids[i, P+c]]`.
 
         With `chunk_size` > 0 the head and log-softmax run `chunk_size` positions at a time and are recomputed in
-        the backward (`llm_pg.core.chunked_logprobs`): no `[b, C, V]` logits tensor is held. 0 (and a model sharded
-        by FSDP2, whose root forward gathers the embedding and head weights): one head call.
+        the backward (`llm_pg.core.chunked_logprobs`): no `[b, C, V]` logits tensor is held. 0 (what a model sharded
+        by FSDP2 gets, whose root forward gathers the embedding and head weights): one head call.
         """
-        if self.chunk_size and not is_sharded(model):
+        if self.chunk_size:
             with self.autocast():
                 hidden = completion_hidden(model, rollout, self.share_prefix, self.shared_dropout)  # [b, C, H]
                 weight = _decoder_and_head(model)[1].weight  # [V, H]
