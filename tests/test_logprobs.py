@@ -77,3 +77,20 @@ def test_padded_batch_logprobs_equal_each_row_alone(random_model_dir, logprob_te
         torch.testing.assert_close(logp[row][mask], expected, atol=1e-5, rtol=0)
         torch.testing.assert_close(rollout.old_logp[row][mask], expected, atol=1e-5, rtol=0)
         torch.testing.assert_close(rollout.ref_logp[row][mask], expected, atol=1e-5, rtol=0)  # reference = start
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_sharded_policy_gets_one_head_call_and_no_prefix_sharing(random_model_dir, monkeypatch, sharded):
+    """Under FSDP2 the root forward gathers the embedding and head weights: the module settles once, in `LogProbs`'
+    settings, that a sharded policy runs its head in one call and shares no prompt prefix (the log-prob calls no
+    longer ask the model)."""
+    import llm_pg.modules.components as components
+
+    monkeypatch.setattr(components, "is_sharded", lambda model: sharded)
+    module = GRPOModule(
+        model_name_or_path=random_model_dir, dtype="float32", group_size=2, prompts_per_step=2, minibatch_size=2
+    )
+    module.speed = dataclasses.replace(module.speed, logprob_chunk_size=64, share_prompt_prefix=True)
+    module.configure_model()
+    logprobs = module.logprobs
+    assert (logprobs.chunk_size, logprobs.share_prefix) == ((0, False) if sharded else (64, True))
