@@ -269,6 +269,32 @@ def test_wandb_offline_prints_nothing_of_its_own(tmp_path, monkeypatch, capfd):
     assert "wandb" not in printed.out + printed.err
 
 
+def test_a_runs_wandb_id_is_kept_in_its_dir_new_for_each_fresh_start_and_the_path_hash_for_an_old_run(tmp_path):
+    """`run_wandb_id`: a fresh start draws a new id and writes it to `<run dir>/wandb_id`; a resume reads it back; a
+    fresh start in a new directory at the same path (after `--overwrite true`) draws another; a run from before the
+    file resumes under the path hash it was logged with; junk in the file is not taken as an id."""
+    import re
+
+    from llm_pg.runs.loggers import path_wandb_id, run_wandb_id
+
+    run = tmp_path / "run"
+    run.mkdir()
+    first = run_wandb_id(run, "proj", resume=False)
+    assert re.fullmatch(r"[0-9a-f]{16}", first) and (run / "wandb_id").read_text() == first + "\n"
+    assert first != path_wandb_id(run, "proj")
+    assert run_wandb_id(run, "proj", resume=True) == first
+    run.rename(tmp_path / "run.old-1")  # what --overwrite true does, then a new directory
+    run.mkdir()
+    assert run_wandb_id(run, "proj", resume=False) not in (first, path_wandb_id(run, "proj"))
+    old = tmp_path / "old"
+    old.mkdir()
+    assert run_wandb_id(old, "proj", resume=True) == path_wandb_id(old, "proj") == (old / "wandb_id").read_text()[:-1]
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "wandb_id").write_text("../../etc x\n" * 1000)
+    assert run_wandb_id(junk, "proj", resume=True) == path_wandb_id(junk, "proj")
+
+
 def test_csv_logger_does_not_warn_on_a_fresh_run_dir_and_other_warnings_still_show(tmp_path):
     import warnings
 

@@ -63,6 +63,39 @@ def test_a_finished_run_is_not_overwritten_and_overwrite_moves_it_aside(tmp_path
     assert not list(tmp_path.rglob("*-v1*")), "ModelCheckpoint's versioning must never trigger"
 
 
+def test_wandb_runs_follow_the_run_a_resume_continues_its_id_and_an_overwrite_opens_a_new_one(
+    tmp_path, random_model_dir, monkeypatch
+):
+    """W&B offline: the run's W&B id is the one in `wandb_id`; `--overwrite true` starts a new W&B run instead of
+    resuming the old one's (whose steps W&B would keep, dropping the new run's); `--ckpt_path last` continues it."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    run = tmp_path / "run"
+    wandb = ["--wandb_project=llm_pg_test", *DIGITS]
+
+    def offline_ids(directory) -> set[str]:
+        return {p.name.rsplit("-", 1)[-1] for p in (directory / "wandb").glob("offline-run-*")}
+
+    def fit_and_finish(*overrides: str) -> None:  # one process per fit outside tests: W&B's run ends with it
+        import wandb as wandb_module
+
+        try:
+            fit(tmp_path, random_model_dir, *overrides, *wandb)
+        finally:
+            wandb_module.finish()
+
+    fit_and_finish("--model.init_args.iterations=1")
+    first = (run / "wandb_id").read_text().strip()
+    assert offline_ids(run) == {first}
+    fit_and_finish("--model.init_args.iterations=1", "--overwrite=true")
+    second = (run / "wandb_id").read_text().strip()
+    (aside,) = tmp_path.glob("run.old-*")
+    assert second != first and offline_ids(run) == {second} and offline_ids(aside) == {first}
+    fit_and_finish("--model.init_args.iterations=2", "--ckpt_path=last")
+    assert (run / "wandb_id").read_text().strip() == second
+    assert offline_ids(run) == {second} and len(list((run / "wandb").glob("offline-run-*"))) == 2
+
+
 @pytest.mark.slow
 def test_a_second_process_on_the_same_run_dir_fails_at_once_and_a_dead_ones_lock_is_free(tmp_path, random_model_dir):
     run = tmp_path / "run"

@@ -57,7 +57,7 @@ from llm_pg.runs.directory import (
     trained_contents,
 )
 from llm_pg.runs.guards import RunStopped
-from llm_pg.runs.loggers import default_loggers
+from llm_pg.runs.loggers import default_loggers, run_wandb_id, uses_wandb
 from llm_pg.runs.logs import trim_logs
 from llm_pg.runs.preflight import check_model, check_task_data, not_a_mapping, one_line
 from llm_pg.runs.spelling import load_config, upgrade_args, upgrade_config
@@ -333,6 +333,10 @@ class LLMPGCLI(LightningCLI):
         if self.subcommand == "fit":
             self._prepare_run(self.config[self.subcommand])  # the parsed config (plain values), not the objects
             config.ckpt_path = self.config[self.subcommand].ckpt_path  # what fit resumes from, as resolved
+            if config.trainer.logger in (None, True) and is_rank_zero() and uses_wandb(config.wandb_project):
+                # the run's own W&B id, now that the run dir is ours and it is known whether the run resumes
+                run_id = run_wandb_id(log_dir, config.wandb_project, resume=config.ckpt_path is not None)
+                trainer.loggers = default_loggers(str(log_dir), config.run_name, config.wandb_project, run_id)
         checkpoint = config.get("checkpoint")
         if isinstance(checkpoint, IterationCheckpoint):
             checkpoint.run_config = self.session.run_config

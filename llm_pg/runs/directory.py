@@ -37,6 +37,7 @@ RUN_FILES = (
     "checkpoints",
     "validate",
     "wandb",
+    "wandb_id",
     "report.md",
     "overview.png",
 )  # what a run writes, by name

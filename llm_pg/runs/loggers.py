@@ -6,6 +6,8 @@ import csv
 import hashlib
 import io
 import os
+import re
+import secrets
 from pathlib import Path
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
@@ -68,20 +70,59 @@ class ResumableCSVLogger(CSVLogger):
         return self._experiment
 
 
-def default_loggers(run_dir: str, run_name: str, wandb_project: str | None) -> list[Logger]:
-    """CSV in `run_dir`, plus W&B with a run id fixed by the run name, so a resumed run continues its curves.
+WANDB_ID = "wandb_id"  # in a run dir: its W&B run id
+_ID = re.compile(r"[0-9a-z]{8,64}")  # what an id read back from a run dir may be (the file is untrusted)
+
+
+def uses_wandb(wandb_project: str | None) -> bool:
+    """Whether a run logs to W&B: a project is named and `WANDB_MODE` is not `disabled`."""
+    return bool(wandb_project) and os.environ.get("WANDB_MODE") != "disabled"
+
+
+def path_wandb_id(run_dir: str | Path, wandb_project: str) -> str:
+    """The W&B id runs had before their id was kept in the run dir: a hash of the project and the run dir's path
+    (the same for every run ever started in that directory)."""
+    return hashlib.sha1(f"{wandb_project}/{Path(run_dir).resolve()}".encode()).hexdigest()[:16]
+
+
+def run_wandb_id(run_dir: str | Path, wandb_project: str, resume: bool) -> str:
+    """The run's W&B id, kept in `<run_dir>/wandb_id` so that a resume continues the same W&B run and a fresh start
+    in the same directory (after `--overwrite true`, or once the old directory is deleted) opens a new one instead
+    of resuming the old run's curves (W&B would drop every step the old run had already logged).
+
+    The id in the file when it holds one (a resume, or a fresh start replaying a run killed before its first
+    checkpoint); else, for a resume, `path_wandb_id` (a run from before the file: its curves continue); else a new
+    random id. A new id is written to the file (atomically) before W&B starts. Called in the process that owns the
+    run dir, after `runs.directory.claim`."""
+    path = Path(run_dir) / WANDB_ID
+    try:
+        kept = path.read_text(encoding="ascii")[:100].strip() if path.is_file() and not path.is_symlink() else ""
+    except (OSError, UnicodeDecodeError):
+        kept = ""
+    if _ID.fullmatch(kept):
+        return kept
+    run_id = path_wandb_id(run_dir, wandb_project) if resume else secrets.token_hex(8)
+    write_text_atomic(path, run_id + "\n")
+    return run_id
+
+
+def default_loggers(
+    run_dir: str, run_name: str, wandb_project: str | None, wandb_id: str | None = None
+) -> list[Logger]:
+    """CSV in `run_dir`, plus W&B (`uses_wandb`) as the run `wandb_id` (`run_wandb_id`; default `path_wandb_id`),
+    resumed when W&B knows it, so a resumed run continues its curves.
 
     W&B prints nothing of its own offline (the run's summary gives the `wandb sync` command) and only its run and
     project links online."""
     loggers: list[Logger] = [ResumableCSVLogger(run_dir)]
-    if wandb_project and os.environ.get("WANDB_MODE") != "disabled":
+    if uses_wandb(wandb_project):
         import wandb
 
         offline = not os.environ.get("WANDB_API_KEY")
         logger = WandbLogger(
             project=wandb_project,
             name=run_name,
-            id=hashlib.sha1(f"{wandb_project}/{Path(run_dir).resolve()}".encode()).hexdigest()[:16],
+            id=wandb_id or path_wandb_id(run_dir, wandb_project),
             resume="allow",
             save_dir=run_dir,
             offline=offline,
