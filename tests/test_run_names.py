@@ -173,3 +173,43 @@ def test_a_run_name_that_is_a_file_or_below_one_is_one_line(tmp_path):
     for name in ("f", "f/x"):
         with pytest.raises(RunDirError, match=r"is a file, not a folder; pick another name"):
             checked_run_path(str(tmp_path), name)
+
+
+def test_a_moved_run_dir_is_noticed_and_its_process_leaves_without_writing_into_the_new_one(tmp_path):
+    """`ensure_run_dir`: while the run dir is in place a write goes ahead; once it is moved (and a new run of the same
+    name holds a new directory at its path) the process that held the old one exits `RUN_DIR_GONE` before writing,
+    naming where its directory went; a process holding no run dir checks nothing."""
+    import subprocess
+
+    from llm_pg.runs.directory import RUN_DIR_GONE, RunLock, ensure_run_dir
+
+    run, moved = tmp_path / "run", tmp_path / "moved"
+    run.mkdir()
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from llm_pg.runs.directory import RunLock, ensure_run_dir\n"
+        "run, moved = Path(sys.argv[1]), Path(sys.argv[2])\n"
+        "RunLock.acquire(run)\n"
+        "(ensure_run_dir(run / 'metrics.csv')).write_text('before')\n"
+        "os.rename(run, moved)\n"
+        "run.mkdir()\n"
+        "other = os.open(run / '.lock', os.O_CREAT | os.O_RDWR)  # the new run's lock file\n"
+        "(ensure_run_dir(run / 'metrics.csv')).write_text('after')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(run), str(moved)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == RUN_DIR_GONE, done.stderr
+    assert f"run dir {run} was moved or replaced" in done.stderr and f"it is now {moved}" in done.stderr
+    assert (moved / "metrics.csv").read_text() == "before"
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing written into the new run
+    (tmp_path / "here").mkdir()
+    lock = RunLock.acquire(tmp_path / "here")
+    try:
+        assert lock.in_place() and ensure_run_dir(tmp_path / "here" / "x") == tmp_path / "here" / "x"
+        os.rename(tmp_path / "here", tmp_path / "there")
+        assert not lock.in_place() and lock.now_at() == tmp_path / "there"
+    finally:
+        lock.release()
+    assert ensure_run_dir(tmp_path / "here" / "x") == tmp_path / "here" / "x"  # released: nothing held, nothing checked

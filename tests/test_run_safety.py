@@ -314,6 +314,47 @@ def test_sigkill_during_a_checkpoint_write_then_resume_ends_bitwise_equal(tmp_pa
     assert not list((tmp_path / "killed" / "checkpoints").glob(".*tmp-*"))  # the resume's writes replaced it
 
 
+@pytest.mark.slow
+def test_a_run_whose_dir_is_moved_stops_without_writing_into_a_new_run_there_and_resumes_where_it_went(
+    tmp_path, random_model_dir
+):
+    """A live run's directory is moved and a new run claims a directory at the same path: the old process exits
+    (`RUN_DIR_GONE`) at its next write instead of writing its metrics, generations or checkpoints into the new run,
+    and the moved directory resumes to the end."""
+    from llm_pg.runs.directory import RUN_DIR_GONE
+
+    run, moved = tmp_path / "run", tmp_path / "moved"
+    command = [
+        sys.executable, "-m", "llm_pg.cli.fit", "fit", f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}",
+        f"--model.init_args.model_name_or_path={random_model_dir}", f"--runs_root={tmp_path}", "--run_name=run",
+        *SMALL, *DIGITS, "--model.init_args.iterations=40",
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoints" / "last.ckpt").is_file():
+            assert process.poll() is None and time.monotonic() < deadline, "the run never saved a checkpoint"
+            time.sleep(0.05)
+        os.rename(run, moved)
+        run.mkdir()
+        new_run = RunLock.acquire(run)  # a new run of the same name
+        try:
+            _, err = process.communicate(timeout=120)
+            assert sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing of the old run written here
+        finally:
+            new_run.release()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == RUN_DIR_GONE, err[-2000:]
+    assert f"run dir {run} was moved or replaced" in err and f"it is now {moved}" in err
+    assert not is_complete(moved) and verify(moved / "checkpoints" / "last.ckpt") is None
+    fit(tmp_path, random_model_dir, "--run_name=moved", "--model.init_args.iterations=40", "--ckpt_path=last", *DIGITS)
+    assert is_complete(moved)
+    assert [int(r["step"]) for r in rows(moved) if "train/reward" in r] == list(range(1, 41))
+
+
 def test_validate_leaves_a_trained_runs_files_alone(tmp_path, random_model_dir):
     from llm_pg.cli.fit import run_cli
 

@@ -28,7 +28,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from llm_pg.runs.directory import fsync_dir, run_dir, write_text_atomic
+from llm_pg.runs.directory import ensure_run_dir, fsync_dir, run_dir, write_text_atomic
 
 LAST = "last.ckpt"
 ITER = re.compile(r"^iter_(\d+)\.ckpt$")
@@ -116,6 +116,7 @@ def atomic_save(checkpoint: dict[str, Any], path: str | Path) -> str:
 
 def copy_checkpoint(source: Path, target: Path) -> None:
     """`target` becomes a verified copy of `source` (a hard link when the filesystem has them)."""
+    ensure_run_dir(target)
     digest = _listed_hashes(source)[0]
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
@@ -213,6 +214,7 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint IO, writing with `atomic_save` and refusing to load a checkpoint that fails `verify`."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        ensure_run_dir(path)  # still this run's directory (a moved one ends the run: `runs.directory`)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         atomic_save(checkpoint, path)
 
@@ -225,6 +227,7 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
         return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
     def remove_checkpoint(self, path) -> None:
+        ensure_run_dir(path)  # never a file of another run that now holds this path
         Path(path).unlink(missing_ok=True)
         hash_path(Path(path)).unlink(missing_ok=True)
 

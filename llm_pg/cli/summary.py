@@ -22,6 +22,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from llm_pg.cli.report import write_report
 from llm_pg.cli.report.runs import read_run
+from llm_pg.runs.directory import ensure_run_dir
 
 REWARD_WINDOW = 3  # iterations averaged at each end of the reward curve: one iteration's mean is noisy
 
@@ -101,6 +102,7 @@ def offline_wandb_dir(trainer: L.Trainer) -> Path | None:
 def finish_run(trainer: L.Trainer, run_dir: Path) -> dict[str, Any] | None:
     """Write `report.md` and `overview.png` into the run directory (as `llm-pg report` does) and print the summary;
     returns the numbers. Rank zero only: the CLI calls it once training has ended and `COMPLETE` is written."""
+    ensure_run_dir(run_dir)  # still this run's directory (a moved one ends the run: `llm_pg.runs.directory`)
     try:
         numbers = summarize_run(run_dir)
         report, _ = write_report([run_dir], run_dir, overview_only=True)

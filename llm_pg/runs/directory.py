@@ -8,6 +8,11 @@ a fresh start into a directory that already holds a run; `--overwrite true` rena
 `<dir>.old-<time>` in one atomic rename, so an interrupted overwrite leaves the old run whole on one side or the other.
 Nothing here deletes a file of a run. `COMPLETE` is written last, after `final/`, and only when training reached its
 last iteration: it, not `final/`, says a run is finished. What a resume keeps of the logs is `llm_pg.runs.logs`.
+
+A run writes by path. Should its directory be moved or replaced while it runs (a new run of the same name may then
+claim a new directory at the same path, its lock being a new file), every write of the run's files first checks
+that `<dir>/.lock` is still the file it holds (`ensure_run_dir`), and the process otherwise leaves at once, as a
+kill would, instead of writing into another run: the moved directory holds the run up to its last checkpoint.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import json
 import os
 import re
 import socket
+import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import lightning as L
 
@@ -43,6 +50,7 @@ RUN_FILES = (
 )  # what a run writes, by name
 NAME_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@,-]*$")  # one folder of a run name
 OWNERSHIP_HELP = "continue it with --ckpt_path last, pick a new --run_name, or --overwrite true (moves it aside)"
+RUN_DIR_GONE = 75  # the exit status of a run whose directory was moved or replaced under it (`ensure_run_dir`)
 
 
 class RunDirError(ValueError):
@@ -158,10 +166,11 @@ def _float(value) -> float:
 def run_dir(trainer: L.Trainer) -> Path:
     """Where a run writes its files: the first logger's directory, else the trainer's root dir.
 
-    Not `trainer.log_dir`: that broadcasts, and rank-zero-only callers would deadlock under DDP.
+    Not `trainer.log_dir`: that broadcasts, and rank-zero-only callers would deadlock under DDP. Callers write
+    there at once: the directory is checked to be still this run's (`ensure_run_dir`).
     """
     log_dir = trainer.loggers[0].log_dir if trainer.loggers else None
-    return Path(log_dir or trainer.default_root_dir)
+    return ensure_run_dir(Path(log_dir or trainer.default_root_dir))
 
 
 def is_rank_zero() -> bool:
@@ -181,7 +190,7 @@ def is_complete(path: str | Path) -> bool:
 
 
 def mark_complete(path: str | Path, iteration: int) -> None:
-    write_text_atomic(Path(path) / COMPLETE, json.dumps({"iteration": iteration, "time": time.time()}) + "\n")
+    write_text_atomic(ensure_run_dir(path) / COMPLETE, json.dumps({"iteration": iteration, "time": time.time()}) + "\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -212,10 +221,31 @@ def fsync_dir(path: Path) -> None:
 
 
 class RunLock:
-    """An exclusive lock on a run directory for the life of this process (or until `release`)."""
+    """An exclusive lock on a run directory for the life of this process (or until `release`). `held`: the run
+    directories this process holds (an flock belongs to a process), for `ensure_run_dir`."""
+
+    held: ClassVar[dict[Path, RunLock]] = {}
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path, self.fd = path, fd
+
+    def in_place(self) -> bool:
+        """Whether `<dir>/.lock` is still the file this lock holds: the directory was not moved, renamed or
+        replaced since (same device and inode)."""
+        try:
+            here = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        held = os.fstat(self.fd)
+        return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+
+    def now_at(self) -> Path | None:
+        """Where the held lock file's directory is now (Linux: `/proc/self/fd`), or None when that cannot be told."""
+        try:
+            target = os.readlink(f"/proc/self/fd/{self.fd}")
+        except OSError:
+            return None
+        return None if target.endswith(" (deleted)") else Path(target).parent
 
     @classmethod
     def acquire(cls, directory: str | Path) -> RunLock:
@@ -239,12 +269,39 @@ class RunLock:
             raise RunDirError(f"run dir {directory} is in use by {_owner(path)}; wait for it or pick a new --run_name")
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
-        return cls(path, fd)
+        lock = cls(path, fd)
+        cls.held[directory.absolute()] = lock
+        return lock
 
     def release(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)  # closing the descriptor drops the flock
             self.fd = -1
+        for directory in [d for d, lock in self.held.items() if lock is self]:
+            del self.held[directory]
+
+
+def ensure_run_dir(path: str | Path) -> Path:
+    """`path`, a run directory or a path inside one, once the run directory this process holds around it is still in
+    place (`RunLock.in_place`); nothing to check where this process holds none (a DDP rank other than zero, a test).
+
+    A run directory moved or replaced under its live run (a new run of the same name may hold the path now) ends
+    the process at once with `RUN_DIR_GONE`, as a kill would: no exception, so that nothing on the way out (a
+    logger's last flush, a checkpoint on exception) writes into the other run. Its files stay where the directory
+    went, resumable from their last checkpoint."""
+    path = Path(path)
+    absolute = path.absolute()
+    for directory, lock in list(RunLock.held.items()):
+        if (absolute == directory or directory in absolute.parents) and not lock.in_place():
+            now = lock.now_at()
+            where = f"it is now {now}: resume it there" if now is not None else "resume it where it is now"
+            sys.stderr.write(
+                f"llm-pg: run dir {directory} was moved or replaced while this run was writing to it; stopping at "
+                f"once, without writing more ({where}, with --ckpt_path last)\n"
+            )
+            sys.stderr.flush()
+            os._exit(RUN_DIR_GONE)
+    return path
 
 
 def _owner(path: Path) -> str:

@@ -14,7 +14,7 @@ from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from llm_pg.runs.directory import write_text_atomic
+from llm_pg.runs.directory import ensure_run_dir, write_text_atomic
 
 
 class AtomicExperimentWriter(ExperimentWriter):
@@ -34,6 +34,7 @@ class AtomicExperimentWriter(ExperimentWriter):
                 self.metrics_keys = next(csv.reader(f), [])
 
     def save(self) -> None:
+        ensure_run_dir(self.metrics_file_path)  # still this run's directory (a moved one ends the run)
         keys = list(self.metrics_keys)
         try:
             super().save()
