@@ -286,13 +286,31 @@ def test_a_runs_wandb_id_is_kept_in_its_dir_new_for_each_fresh_start_and_the_pat
     run.rename(tmp_path / "run.old-1")  # what --overwrite true does, then a new directory
     run.mkdir()
     assert run_wandb_id(run, "proj", resume=False) not in (first, path_wandb_id(run, "proj"))
-    old = tmp_path / "old"
-    old.mkdir()
+    old = tmp_path / "old"  # a run that logged to W&B before the file: its W&B run holds the path hash
+    (old / "wandb" / f"offline-run-20261201_120000-{path_wandb_id(old, 'proj')}").mkdir(parents=True)
     assert run_wandb_id(old, "proj", resume=True) == path_wandb_id(old, "proj") == (old / "wandb_id").read_text()[:-1]
+    never = tmp_path / "never"  # resumed with W&B on after a start without it: no W&B run to continue
+    never.mkdir()
+    assert run_wandb_id(never, "proj", resume=True) != path_wandb_id(never, "proj")
     junk = tmp_path / "junk"
     junk.mkdir()
     (junk / "wandb_id").write_text("../../etc x\n" * 1000)
-    assert run_wandb_id(junk, "proj", resume=True) == path_wandb_id(junk, "proj")
+    assert re.fullmatch(r"[0-9a-f]{16}", run_wandb_id(junk, "proj", resume=True))
+    assert (junk / "wandb_id").read_text() != "../../etc x\n" * 1000
+
+
+def test_validate_gets_a_wandb_id_of_its_own_run(tmp_path):
+    """`llm-pg validate` logs to W&B under an id derived from the run's (read, not written): two runs at the same
+    path (one overwritten) validate into two W&B runs."""
+    from llm_pg.runs.loggers import path_wandb_id, run_wandb_id, validate_wandb_id
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert validate_wandb_id(run, "proj") == path_wandb_id(run / "validate", "proj")  # a run without an id
+    assert not (run / "wandb_id").exists()
+    first = validate_wandb_id(run, "proj") if run_wandb_id(run, "proj", resume=False) else None
+    (run / "wandb_id").write_text("0123456789abcdef\n")
+    assert validate_wandb_id(run, "proj") not in (first, "0123456789abcdef", path_wandb_id(run / "validate", "proj"))
 
 
 def test_csv_logger_does_not_warn_on_a_fresh_run_dir_and_other_warnings_still_show(tmp_path):

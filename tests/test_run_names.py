@@ -213,3 +213,16 @@ def test_a_moved_run_dir_is_noticed_and_its_process_leaves_without_writing_into_
     finally:
         lock.release()
     assert ensure_run_dir(tmp_path / "here" / "x") == tmp_path / "here" / "x"  # released: nothing held, nothing checked
+
+
+def test_a_dir_holding_only_its_lock_and_wandb_id_holds_no_run(tmp_path):
+    """A start that failed after the run dir was claimed (and its W&B id written) but before anything ran leaves a
+    directory a plain rerun may use; one more file and it holds a run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text("1 host token\n")
+    (run / "wandb_id").write_text("0123456789abcdef\n")
+    claim(run, resume=False, overwrite=False).release()
+    (run / "config.yaml").write_text("{}\n")
+    with pytest.raises(RunDirError, match="already holds a run"):
+        claim(run, resume=False, overwrite=False)

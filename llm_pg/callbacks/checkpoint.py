@@ -86,6 +86,7 @@ def _listed_hashes(path: Path) -> list[str]:
 
 def _install(tmp: Path, path: Path, digest: str) -> None:
     """Rename the fsynced `tmp` over `path`, the hash file listing both hashes while the rename is in flight."""
+    ensure_run_dir(path)  # again: writing a large `tmp` takes minutes, in which the run dir may have been moved
     old = _listed_hashes(path)[:1]
     write_text_atomic(hash_path(path), "".join(f"{h}  {path.name}\n" for h in [digest, *old]))
     os.replace(tmp, path)

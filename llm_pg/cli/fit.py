@@ -57,7 +57,7 @@ from llm_pg.runs.directory import (
     trained_contents,
 )
 from llm_pg.runs.guards import RunStopped
-from llm_pg.runs.loggers import default_loggers, run_wandb_id, uses_wandb
+from llm_pg.runs.loggers import default_loggers, run_wandb_id, uses_wandb, validate_wandb_id
 from llm_pg.runs.logs import trim_logs
 from llm_pg.runs.preflight import check_model, check_task_data, not_a_mapping, one_line
 from llm_pg.runs.spelling import load_config, upgrade_args, upgrade_config
@@ -317,7 +317,10 @@ class LLMPGCLI(LightningCLI):
             if self.subcommand not in (None, "fit"):  # `validate` must not replace a trained run's metrics.csv
                 log_dir = log_dir / self.subcommand
                 log_dir.mkdir(parents=True, exist_ok=True)  # before W&B starts in it (it warns of a missing dir)
-            kwargs["logger"] = default_loggers(str(log_dir), config.run_name, config.wandb_project)
+            run_id = None
+            if self.subcommand == "validate" and uses_wandb(config.wandb_project):
+                run_id = validate_wandb_id(config.trainer.default_root_dir, config.wandb_project)
+            kwargs["logger"] = default_loggers(str(log_dir), config.run_name, config.wandb_project, run_id)
         if not config.trainer.get("plugins"):
             kwargs["plugins"] = [VerifiedCheckpointIO()]
         if config.trainer.get("enable_progress_bar") is not False:

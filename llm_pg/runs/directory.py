@@ -11,8 +11,9 @@ last iteration: it, not `final/`, says a run is finished. What a resume keeps of
 
 A run writes by path. Should its directory be moved or replaced while it runs (a new run of the same name may then
 claim a new directory at the same path, its lock being a new file), every write of the run's files first checks
-that `<dir>/.lock` is still the file it holds (`ensure_run_dir`), and the process otherwise leaves at once, as a
-kill would, instead of writing into another run: the moved directory holds the run up to its last checkpoint.
+that `<dir>/.lock` still holds the token the run wrote there (`ensure_run_dir`), and the process otherwise leaves at
+once, as a kill would, instead of writing into another run: the moved directory holds the run up to its last
+checkpoint.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import csv
 import errno
 import fcntl
 import json
+import multiprocessing
 import os
 import re
+import secrets
 import socket
 import sys
 import time
@@ -179,9 +182,9 @@ def is_rank_zero() -> bool:
 
 
 def has_contents(path: str | Path) -> bool:
-    """The directory exists and holds anything besides its lock file."""
+    """The directory exists and holds anything besides its lock file and its W&B id (`runs.loggers.WANDB_ID`)."""
     path = Path(path)
-    return path.is_dir() and any(p.name != LOCK for p in path.iterdir())
+    return path.is_dir() and any(p.name not in (LOCK, "wandb_id") for p in path.iterdir())
 
 
 def is_complete(path: str | Path) -> bool:
@@ -226,21 +229,31 @@ class RunLock:
 
     held: ClassVar[dict[Path, RunLock]] = {}
 
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path, self.fd = path, fd
+    def __init__(self, path: Path, fd: int, token: str = "") -> None:
+        self.path, self.fd, self.token = path, fd, token
 
     def in_place(self) -> bool:
-        """Whether `<dir>/.lock` is still the file this lock holds: the directory was not moved, renamed or
-        replaced since (same device and inode)."""
+        """Whether `<dir>/.lock` is still this lock's file: it holds this lock's token (a random one written at
+        `acquire`, beside the owner's pid and host). False when the file is gone (the directory was moved, renamed
+        or deleted) or holds another token (a new run took the path); True when it cannot be read for another reason
+        (a network filesystem's hiccup must not end a healthy run). Not the inode: some filesystems renumber them."""
         try:
-            here = os.stat(self.path, follow_symlinks=False)
-        except OSError:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
             return False
-        held = os.fstat(self.fd)
-        return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+        except OSError:
+            return True
+        try:
+            fields = os.read(fd, 200).decode("ascii", "replace").split()
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return fields[2:3] == [self.token]
 
     def now_at(self) -> Path | None:
-        """Where the held lock file's directory is now (Linux: `/proc/self/fd`), or None when that cannot be told."""
+        """Where the held lock file's directory is now (Linux: `/proc/self/fd`), or None when that cannot be told
+        (deleted, or no `/proc`)."""
         try:
             target = os.readlink(f"/proc/self/fd/{self.fd}")
         except OSError:
@@ -267,10 +280,11 @@ class RunLock:
         if held:
             os.close(fd)
             raise RunDirError(f"run dir {directory} is in use by {_owner(path)}; wait for it or pick a new --run_name")
+        token = secrets.token_hex(8)
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
-        lock = cls(path, fd)
-        cls.held[directory.absolute()] = lock
+        os.write(fd, f"{os.getpid()} {socket.gethostname()} {token}\n".encode())
+        lock = cls(path, fd, token)
+        cls.held[Path(os.path.abspath(directory))] = lock
         return lock
 
     def release(self) -> None:
@@ -287,19 +301,23 @@ def ensure_run_dir(path: str | Path) -> Path:
 
     A run directory moved or replaced under its live run (a new run of the same name may hold the path now) ends
     the process at once with `RUN_DIR_GONE`, as a kill would: no exception, so that nothing on the way out (a
-    logger's last flush, a checkpoint on exception) writes into the other run. Its files stay where the directory
-    went, resumable from their last checkpoint."""
+    logger's last flush, a checkpoint on exception) writes into the other run. Its reward workers are stopped
+    first; its files stay where the directory went, resumable from their last checkpoint. Under DDP the other
+    ranks are left as after a kill of rank zero (they stop at their collective's timeout)."""
     path = Path(path)
-    absolute = path.absolute()
+    absolute = Path(os.path.abspath(path))
     for directory, lock in list(RunLock.held.items()):
         if (absolute == directory or directory in absolute.parents) and not lock.in_place():
             now = lock.now_at()
-            where = f"it is now {now}: resume it there" if now is not None else "resume it where it is now"
+            where = f"it is now {now}: resume it there" if now is not None else "its files are no longer there"
             sys.stderr.write(
                 f"llm-pg: run dir {directory} was moved or replaced while this run was writing to it; stopping at "
                 f"once, without writing more ({where}, with --ckpt_path last)\n"
             )
             sys.stderr.flush()
+            sys.stdout.flush()
+            for child in multiprocessing.active_children():  # the reward workers: not left running without us
+                child.kill()
             os._exit(RUN_DIR_GONE)
     return path
 

@@ -86,25 +86,43 @@ def path_wandb_id(run_dir: str | Path, wandb_project: str) -> str:
     return hashlib.sha1(f"{wandb_project}/{Path(run_dir).resolve()}".encode()).hexdigest()[:16]
 
 
+def kept_wandb_id(run_dir: str | Path) -> str | None:
+    """The id in `<run_dir>/wandb_id`, when it holds one (the file is untrusted: anything else is no id)."""
+    path = Path(run_dir) / WANDB_ID
+    try:
+        kept = path.read_text(encoding="ascii")[:100].strip() if path.is_file() and not path.is_symlink() else ""
+    except (OSError, UnicodeDecodeError):
+        kept = ""
+    return kept if _ID.fullmatch(kept) else None
+
+
 def run_wandb_id(run_dir: str | Path, wandb_project: str, resume: bool) -> str:
     """The run's W&B id, kept in `<run_dir>/wandb_id` so that a resume continues the same W&B run and a fresh start
     in the same directory (after `--overwrite true`, or once the old directory is deleted) opens a new one instead
     of resuming the old run's curves (W&B would drop every step the old run had already logged).
 
     The id in the file when it holds one (a resume, or a fresh start replaying a run killed before its first
-    checkpoint); else, for a resume, `path_wandb_id` (a run from before the file: its curves continue); else a new
-    random id. A new id is written to the file (atomically) before W&B starts. Called in the process that owns the
-    run dir, after `runs.directory.claim`."""
-    path = Path(run_dir) / WANDB_ID
-    try:
-        kept = path.read_text(encoding="ascii")[:100].strip() if path.is_file() and not path.is_symlink() else ""
-    except (OSError, UnicodeDecodeError):
-        kept = ""
-    if _ID.fullmatch(kept):
+    checkpoint); else, for a resume of a run that logged to W&B before the file existed (its `wandb/` holds a run
+    of that id), `path_wandb_id`, so its curves continue; else a new random id, written to the file (atomically)
+    before W&B starts. Called in the process that owns the run dir, after `runs.directory.claim`."""
+    kept = kept_wandb_id(run_dir)
+    if kept is not None:
         return kept
-    run_id = path_wandb_id(run_dir, wandb_project) if resume else secrets.token_hex(8)
-    write_text_atomic(path, run_id + "\n")
+    legacy = path_wandb_id(run_dir, wandb_project)
+    logged = resume and any(p.name.endswith(f"-{legacy}") for p in (Path(run_dir) / "wandb").glob("*run-*"))
+    run_id = legacy if logged else secrets.token_hex(8)
+    write_text_atomic(Path(run_dir) / WANDB_ID, run_id + "\n")
     return run_id
+
+
+def validate_wandb_id(run_dir: str | Path, wandb_project: str) -> str:
+    """The W&B id of `llm-pg validate` on the run in `run_dir`: derived from the run's own id (read, never written),
+    so that each run's validation is its own W&B run; `path_wandb_id` of `<run_dir>/validate` for a run without
+    one."""
+    kept = kept_wandb_id(run_dir)
+    if kept is None:
+        return path_wandb_id(Path(run_dir) / "validate", wandb_project)
+    return hashlib.sha1(f"{kept}/validate".encode()).hexdigest()[:16]
 
 
 def default_loggers(
