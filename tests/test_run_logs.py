@@ -17,7 +17,10 @@ ROWS = "eval/exact_match,step,train/reward\r\n0.25,0,\r\n,1,0.5\r\n,2,0.75\r\n"
 
 
 def snapshot(path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    """The run's files and their bytes; not `.lock`, which records its latest holder (pid, host, a fresh token)."""
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file() and p.name != ".lock"
+    }
 
 
 def full_disk(*args, **kwargs):

@@ -45,7 +45,6 @@ from llm_pg.cli.report.runs import (
     summarize,
     table,
 )
-from llm_pg.runs.directory import ensure_run_dir
 
 __all__ = [
     "DamagedRun",
@@ -180,6 +179,8 @@ def write_report(
             print(f"llm-pg report: skipping {path}: {error}", file=sys.stderr)
     if not runs:
         raise SystemExit("llm-pg report: no readable run among the ones given")
+    from llm_pg.runs.directory import ensure_run_dir  # here: `llm-pg report --help` loads no Lightning
+
     ensure_run_dir(out)  # a run's own report: still its directory (`llm_pg.runs.directory`); elsewhere no check
     out.mkdir(parents=True, exist_ok=True)  # once there is something to write: a wrong input leaves nothing behind
     unordered = group_runs(runs)
