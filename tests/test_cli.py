@@ -307,10 +307,12 @@ def test_validate_gets_a_wandb_id_of_its_own_run(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     assert validate_wandb_id(run, "proj") == path_wandb_id(run / "validate", "proj")  # a run without an id
-    assert not (run / "wandb_id").exists()
-    first = validate_wandb_id(run, "proj") if run_wandb_id(run, "proj", resume=False) else None
-    (run / "wandb_id").write_text("0123456789abcdef\n")
-    assert validate_wandb_id(run, "proj") not in (first, "0123456789abcdef", path_wandb_id(run / "validate", "proj"))
+    assert not (run / "wandb_id").exists()  # read, never written
+    first_run = run_wandb_id(run, "proj", resume=False)
+    first = validate_wandb_id(run, "proj")
+    assert first == validate_wandb_id(run, "proj") and first not in (first_run, path_wandb_id(run / "validate", "proj"))
+    (run / "wandb_id").write_text("0123456789abcdef\n")  # another run at the same path (after --overwrite true)
+    assert validate_wandb_id(run, "proj") not in (first, "0123456789abcdef")
 
 
 def test_csv_logger_does_not_warn_on_a_fresh_run_dir_and_other_warnings_still_show(tmp_path):
