@@ -35,6 +35,7 @@ from typing import ClassVar
 import lightning as L
 
 LOCK, COMPLETE = ".lock", "COMPLETE"
+WANDB_ID = "wandb_id"  # the run's W&B id (`llm_pg.runs.loggers.run_wandb_id`)
 RUN_FILES = (
     LOCK,
     COMPLETE,
@@ -47,7 +48,7 @@ RUN_FILES = (
     "checkpoints",
     "validate",
     "wandb",
-    "wandb_id",
+    WANDB_ID,
     "report.md",
     "overview.png",
 )  # what a run writes, by name
@@ -182,9 +183,9 @@ def is_rank_zero() -> bool:
 
 
 def has_contents(path: str | Path) -> bool:
-    """The directory exists and holds anything besides its lock file and its W&B id (`runs.loggers.WANDB_ID`)."""
+    """The directory exists and holds anything besides its lock file and its W&B id (`WANDB_ID`)."""
     path = Path(path)
-    return path.is_dir() and any(p.name not in (LOCK, "wandb_id") for p in path.iterdir())
+    return path.is_dir() and any(p.name not in (LOCK, WANDB_ID) for p in path.iterdir())
 
 
 def is_complete(path: str | Path) -> bool:

@@ -14,7 +14,7 @@ from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from llm_pg.runs.directory import ensure_run_dir, write_text_atomic
+from llm_pg.runs.directory import WANDB_ID, ensure_run_dir, write_text_atomic
 
 
 class AtomicExperimentWriter(ExperimentWriter):
@@ -71,7 +71,6 @@ class ResumableCSVLogger(CSVLogger):
         return self._experiment
 
 
-WANDB_ID = "wandb_id"  # in a run dir: its W&B run id
 _ID = re.compile(r"[0-9a-z]{8,64}")  # what an id read back from a run dir may be (the file is untrusted)
 
 
