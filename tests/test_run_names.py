@@ -3,6 +3,8 @@ another run, is ever created, moved or deleted, whatever `--run_name` / `--runs_
 
 import os
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -213,6 +215,56 @@ def test_a_moved_run_dir_is_noticed_and_its_process_leaves_without_writing_into_
     finally:
         lock.release()
     assert ensure_run_dir(tmp_path / "here" / "x") == tmp_path / "here" / "x"  # released: nothing held, nothing checked
+
+
+def test_a_process_leaving_a_moved_run_dir_takes_the_processes_it_started_with_it(tmp_path):
+    """The processes a run started (DDP ranks from Lightning's launcher, reward workers, vLLM's engine: here a child
+    that started a grandchild) do not outlive its exit `RUN_DIR_GONE`, where a DDP rank would wait in its next
+    collective until the timeout."""
+    import subprocess
+
+    from llm_pg.runs.directory import RUN_DIR_GONE
+
+    run, pids = tmp_path / "run", tmp_path / "pids"
+    run.mkdir()
+    # The child starts a grandchild, writes both pids and sleeps; neither holds the test's pipes, so it returns at
+    # the exit, not when they end.
+    child = (
+        "import os, subprocess, sys, time\n"
+        "quiet = {'stdout': subprocess.DEVNULL, 'stderr': subprocess.DEVNULL}\n"
+        "grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], **quiet)\n"
+        "open(sys.argv[1] + '.tmp', 'w').write(f'{os.getpid()} {grandchild.pid}')\n"
+        "os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n"
+        "time.sleep(120)\n"
+    )
+    script = (
+        "import os, subprocess, sys, time\n"
+        "from pathlib import Path\n"
+        "from llm_pg.runs.directory import RunLock, ensure_run_dir\n"
+        "run, pids = Path(sys.argv[1]), Path(sys.argv[2])\n"
+        "RunLock.acquire(run)\n"
+        "quiet = {'stdout': subprocess.DEVNULL, 'stderr': subprocess.DEVNULL}\n"
+        f"subprocess.Popen([sys.executable, '-c', {child!r}, str(pids)], **quiet)\n"
+        "while not pids.exists():\n"
+        "    time.sleep(0.05)\n"
+        "os.rename(run, run.with_name('moved'))\n"
+        "ensure_run_dir(run / 'metrics.csv')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(run), str(pids)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == RUN_DIR_GONE, done.stderr
+    started = [int(pid) for pid in pids.read_text().split()]
+    assert len(started) == 2
+
+    def alive(pid: int) -> bool:  # a killed process nobody has reaped yet is a zombie: not alive
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in "ZX"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in started)
 
 
 def test_a_dir_holding_only_its_lock_and_wandb_id_holds_no_run(tmp_path):

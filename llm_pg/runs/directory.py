@@ -18,6 +18,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import fcntl
@@ -26,6 +27,7 @@ import multiprocessing
 import os
 import re
 import secrets
+import signal
 import socket
 import sys
 import time
@@ -303,8 +305,10 @@ def ensure_run_dir(path: str | Path) -> Path:
     A run directory moved or replaced under its live run (a new run of the same name may hold the path now) ends
     the process at once with `RUN_DIR_GONE`, as a kill would: no exception, so that nothing on the way out (a
     logger's last flush, a checkpoint on exception) writes into the other run. Its reward workers are stopped
-    first; its files stay where the directory went, resumable from their last checkpoint. Under DDP the other
-    ranks are left as after a kill of rank zero (they stop at their collective's timeout)."""
+    first; its files stay where the directory went, resumable from their last checkpoint. Every process this one
+    started goes with it (`_descendants`): reward workers, vLLM's engine, and under DDP the other ranks when
+    Lightning's launcher started them (torchrun's agent stops them itself when rank zero ends), which would
+    otherwise wait in their next collective until its timeout."""
     path = Path(path)
     absolute = Path(os.path.abspath(path))
     for directory, lock in list(RunLock.held.items()):
@@ -317,10 +321,35 @@ def ensure_run_dir(path: str | Path) -> Path:
             )
             sys.stderr.flush()
             sys.stdout.flush()
-            for child in multiprocessing.active_children():  # the reward workers: not left running without us
-                child.kill()
+            for pid in _descendants():  # not left running (or waiting for us) without us
+                with contextlib.suppress(OSError):  # gone already
+                    os.kill(pid, signal.SIGKILL)
             os._exit(RUN_DIR_GONE)
     return path
+
+
+def _descendants() -> list[int]:
+    """The pids of the processes this one started, and theirs (Linux: from `/proc`; elsewhere the multiprocessing
+    children alone)."""
+    try:
+        entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return [child.pid for child in multiprocessing.active_children()]
+    children: dict[int, list[int]] = {}
+    for pid in entries:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces: state, ppid, ...
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(pid)
+    found, todo = [], [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _owner(path: Path) -> str:
