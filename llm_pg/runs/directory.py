@@ -308,7 +308,8 @@ def ensure_run_dir(path: str | Path) -> Path:
     first; its files stay where the directory went, resumable from their last checkpoint. Every process this one
     started goes with it (`_descendants`): reward workers, vLLM's engine, and under DDP the other ranks when
     Lightning's launcher started them (torchrun's agent stops them itself when rank zero ends), which would
-    otherwise wait in their next collective until its timeout."""
+    otherwise end only when their backend notices (gloo's at once, on the closed connection; NCCL's at its
+    collective's timeout)."""
     path = Path(path)
     absolute = Path(os.path.abspath(path))
     for directory, lock in list(RunLock.held.items()):
