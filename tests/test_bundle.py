@@ -72,6 +72,20 @@ def test_bundle_refuses_non_runs_and_repeated_names(tmp_path):
     assert not (tmp_path / "b.zip").exists()
 
 
+def test_bundle_refuses_two_spellings_of_one_name_and_a_run_inside_another(tmp_path):
+    """Found in review: `run_name: ./base` beside `base` passed the repeated-name check and mixed the two runs'
+    files in the zip; a run `a/b` beside a run `a` would put one run's folder inside the other's."""
+    base = make_run(tmp_path / "x", "base")
+    dotted = make_run(tmp_path / "y", "base", run_name="./base")
+    with pytest.raises(ValueError, match=r"run_name './base' cannot name a folder inside a zip"):
+        bundle([base, dotted], tmp_path / "b.zip")
+    inner = make_run(tmp_path / "z", "seed1", run_name="base/seed1")
+    for pair in ([base, inner], [inner, base]):
+        with pytest.raises(ValueError, match=r"one would lie inside the other"):
+            bundle(pair, tmp_path / "b.zip")
+    assert not (tmp_path / "b.zip").exists()
+
+
 # ---- hostile run directories (issue 18, item 7) ------------------------------------------------------------
 
 

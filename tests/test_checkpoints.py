@@ -156,3 +156,21 @@ def test_iteration_copies_are_links_or_byte_copies_and_verify(tmp_path, monkeypa
     assert verify(tmp_path / "iter_00004.ckpt") is None and load(tmp_path / "iter_00004.ckpt") == 3.0
     atomic_save(state(5.0), tmp_path / "last.ckpt")  # a new last.ckpt leaves its earlier copies as they were
     assert load(tmp_path / "iter_00003.ckpt") == 3.0 and verify(tmp_path / "iter_00003.ckpt") is None
+
+
+def test_only_the_runs_own_iteration_copies_are_resumed_from_or_rotated_away(tmp_path):
+    """Found in review: a resume deleted `iter_00003_keep.ckpt` and `iter_best.ckpt` as the "oldest" copies, and a
+    folder `iter_old.ckpt/` ended the last iteration in a stack trace."""
+    from llm_pg.callbacks.checkpoint import IterationCheckpoint
+
+    for iteration in (1, 2, 3):
+        atomic_save(state(float(iteration)), tmp_path / f"iter_{iteration:05d}.ckpt")
+    for name in ("iter_00003_keep.ckpt", "iter_best.ckpt"):
+        atomic_save(state(9.0), tmp_path / name)  # a user's, with a .sha256 beside it
+    (tmp_path / "iter_old.ckpt").mkdir()
+    assert sorted(p.name for p in ckpt.iteration_copies(tmp_path)) == [f"iter_0000{i}.ckpt" for i in (1, 2, 3)]
+    assert newest_verified(tmp_path)[0] == tmp_path / "iter_00003.ckpt"
+    IterationCheckpoint(keep_last=1)._rotate(tmp_path, healthy_iteration=3)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    kept = ["iter_00003.ckpt", "iter_00003_keep.ckpt", "iter_best.ckpt"]  # and the user's folder
+    assert left == sorted([*kept, *(f"{name}.sha256" for name in kept), "iter_old.ckpt"])

@@ -83,9 +83,11 @@ def test_trim_touches_only_the_trainers_own_files(tmp_path):
     trim_logs(tmp_path, 2)
     assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["iter_00001.jsonl", "iter_x.jsonl", "notes.txt"]
     (tmp_path / "metrics.csv").write_text("loss,epoch\n1,2\n")  # not this trainer's log: refused, not deleted
+    (tmp_path / "COMPLETE").write_text("{}\n")
     with pytest.raises(ValueError, match="has no step column"):
         trim_logs(tmp_path, 2)
     assert (tmp_path / "metrics.csv").read_text() == "loss,epoch\n1,2\n"
+    assert (tmp_path / "COMPLETE").is_file()  # a refused resume changes nothing (found in review: it went)
 
 
 def test_what_says_a_run_trained_there(tmp_path):

@@ -67,6 +67,9 @@ def test_a_runs_root_that_is_a_file_or_cannot_be_made_is_one_line(tmp_path):
         (["--run_name=", "--ckpt_path=last"], "--run_name '' is not allowed"),
         (["--run_name=", "--overwrite=true"], "--run_name '' is not allowed"),
         (["--run_name=..", "--overwrite=true"], "--run_name '..' is not allowed"),
+        (["--run_name=" + "a" * 201], "at most 200 each"),
+        (["--run_name=r", "--checkpoint.dirpath=../elsewhere"], "checkpoint.dirpath ../elsewhere: a run keeps its"),
+        (["--run_name=r", "--ckpt_path="], "--ckpt_path is empty; give last"),
     ],
 )
 def test_the_cli_refuses_in_one_line_and_touches_nothing(tmp_path, capsys, monkeypatch, args, message):
@@ -157,6 +160,84 @@ def test_a_run_dir_whose_files_are_links_is_refused(tmp_path, name):
     with pytest.raises(RunDirError, match=rf"{name} is a symbolic link; a run directory holds its own files"):
         checked_run_path(str(tmp_path / "runs"), "run")
     assert (outside / "iter_00007.jsonl").read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("name", ["final/config.json", "eval/iter_00003.jsonl", "validate/config.yaml"])
+def test_a_link_deeper_in_the_run_dir_is_refused_too(tmp_path, name):
+    """Found in review: a resume wrote the model's config and the eval rows through links inside `final/` and
+    `eval/`, and `llm-pg validate` through links inside `validate/`."""
+    (tmp_path / "precious.txt").write_text("keep\n")
+    link = tmp_path / "runs" / "run" / name
+    link.parent.mkdir(parents=True)
+    link.symlink_to(tmp_path / "precious.txt")
+    with pytest.raises(RunDirError, match=rf"run dir .*: {name} is a symbolic link; a run directory holds its own"):
+        checked_run_path(str(tmp_path / "runs"), "run")
+    assert (tmp_path / "precious.txt").read_text() == "keep\n"
+
+
+@pytest.mark.parametrize("name", [".lock", "config.yaml", "final/config.json"])
+def test_a_file_with_a_second_name_outside_the_run_is_refused(tmp_path, name):
+    """Found in review: a resume rewrote hard-linked `.lock`, `config.yaml` and `final/config.json` in place, and
+    with them the file's other name outside the run."""
+    (tmp_path / "precious.txt").write_text("keep\n")
+    path = tmp_path / "runs" / "run" / name
+    path.parent.mkdir(parents=True)
+    os.link(tmp_path / "precious.txt", path)
+    with pytest.raises(RunDirError, match=r"is a hard link \(a file with 2 names\); a run rewrites its files in place"):
+        checked_run_path(str(tmp_path / "runs"), "run")
+    assert (tmp_path / "precious.txt").read_text() == "keep\n"
+
+
+def test_the_runs_own_hard_links_between_checkpoints_are_allowed(tmp_path):
+    """`iter_XXXXX.ckpt` is a hard link of `last.ckpt` (`copy_checkpoint`): both names inside `checkpoints/`."""
+    checkpoints = tmp_path / "runs" / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "last.ckpt").write_bytes(b"weights")
+    os.link(checkpoints / "last.ckpt", checkpoints / "iter_00003.ckpt")
+    assert checked_run_path(str(tmp_path / "runs"), "run") == tmp_path / "runs" / "run"
+    (tmp_path / "elsewhere.ckpt").hardlink_to(checkpoints / "last.ckpt")  # a third name, outside the run
+    with pytest.raises(RunDirError, match=r"checkpoints/iter_00003.ckpt is a hard link \(a file with 3 names\)"):
+        checked_run_path(str(tmp_path / "runs"), "run")
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "message"),
+    [
+        ("final", "file", "is a file where a run keeps a folder"),
+        ("eval", "file", "is a file where a run keeps a folder"),
+        ("validate/eval", "file", "is a file where a run keeps a folder"),
+        ("metrics.csv", "folder", "is a folder where a run keeps a file"),
+        (".lock", "folder", "is a folder where a run keeps a file"),
+        ("COMPLETE", "folder", "is a folder where a run keeps a file"),
+        (".lock", "fifo", "is neither a file nor a folder"),
+        ("eval/iter_00001.jsonl", "fifo", "is neither a file nor a folder"),
+    ],
+)
+def test_a_run_file_of_the_wrong_kind_is_one_line(tmp_path, name, kind, message):
+    """Found in review: a `final` that was a file let a run finish with exit 0, no weights and no COMPLETE; the
+    other kinds ended in stack traces."""
+    path = tmp_path / "runs" / "run" / name
+    path.parent.mkdir(parents=True)
+    {"file": lambda: path.write_text("x"), "folder": path.mkdir, "fifo": lambda: os.mkfifo(path)}[kind]()
+    with pytest.raises(RunDirError, match=rf"{path} {message}; move it out of the run directory"):
+        checked_run_path(str(tmp_path / "runs"), "run")
+
+
+def test_a_run_name_leaves_room_for_overwrite_in_every_filesystem(tmp_path):
+    assert checked_run_path(str(tmp_path), "a" * 200).name == "a" * 200
+    with pytest.raises(RunDirError, match=r"at most 200 each"):
+        checked_run_path(str(tmp_path), "sweeps/" + "a" * 201)
+
+
+def test_a_dir_holding_only_the_base_models_evaluation_takes_a_fresh_run(tmp_path):
+    """README's order, `llm-pg validate` (the pre-RL baseline) then `llm-pg fit`, under one run name."""
+    run = tmp_path / "run"
+    (run / "validate" / "eval").mkdir(parents=True)
+    (run / "validate" / "metrics.csv").write_text("step\n0\n")
+    claim(run, resume=False, overwrite=False).release()
+    (run / "metrics.csv").write_text("step\n1\n")
+    with pytest.raises(RunDirError, match="already holds a run"):
+        claim(run, resume=False, overwrite=False)
 
 
 def test_the_lock_never_writes_through_a_link(tmp_path):

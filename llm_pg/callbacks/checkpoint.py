@@ -28,7 +28,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from llm_pg.runs.directory import ensure_run_dir, fsync_dir, run_dir, write_text_atomic
+from llm_pg.runs.directory import RunDirError, ensure_run_dir, fsync_dir, run_dir, write_text_atomic
 
 LAST = "last.ckpt"
 ITER = re.compile(r"^iter_(\d+)\.ckpt$")
@@ -179,6 +179,25 @@ def checkpoint_iteration(path: Path) -> int:
     return int(found.group(1)) if found else -1
 
 
+def iteration_copies(directory: Path) -> list[Path]:
+    """The `iter_<digits>.ckpt` files a run wrote in `directory`; anything else a user put there (`iter_best.ckpt`,
+    a folder) is neither resumed from nor rotated away."""
+    return [p for p in directory.glob("iter_*.ckpt") if ITER.match(p.name) and p.is_file()]
+
+
+def check_checkpoint_dir(checkpoint, directory: Path) -> None:
+    """RunDirError unless `checkpoint.dirpath` (the `checkpoint` group, if any) is unset or the run's own
+    `checkpoints/`: rotation deletes old copies where it points, and a resume reads the run's own folder."""
+    dirpath = None if checkpoint is None else checkpoint.get("dirpath")
+    own = directory / "checkpoints"
+    if dirpath is not None and Path(os.path.abspath(dirpath)) != Path(os.path.abspath(own)):
+        raise RunDirError(
+            f"checkpoint.dirpath {dirpath}: a run keeps its checkpoints in its own directory ({own}"
+            "), where --ckpt_path last finds them and rotation deletes old copies; leave it unset (to keep a run "
+            "elsewhere, move the whole run there with --runs_root)"
+        )
+
+
 def usable(path: str | Path) -> str | None:
     """None when `path` verifies (`verify`) and its header loads with the safe loader (`read_header`, which never
     runs pickled code), else why not."""
@@ -201,7 +220,7 @@ def newest_verified(directory: str | Path) -> tuple[Path | None, list[str]]:
     is; and a note for every damaged one passed over."""
     directory = Path(directory)
     candidates = [directory / LAST] if (directory / LAST).exists() else []
-    candidates += sorted(directory.glob("iter_*.ckpt"), key=checkpoint_iteration, reverse=True)
+    candidates += sorted(iteration_copies(directory), key=checkpoint_iteration, reverse=True)
     skipped = []
     for path in candidates:
         reason = usable(path)
@@ -263,7 +282,7 @@ class IterationCheckpoint(ModelCheckpoint):
     Args:
         every_n_iterations: iterations between `iter_XXXXX.ckpt` copies (and one at the last iteration).
         keep_last: `iter_XXXXX.ckpt` copies kept, the newest (and never the last healthy one before a divergence).
-        dirpath: where checkpoints go (null: `<run dir>/checkpoints`).
+        dirpath: null, or the run's own `<run dir>/checkpoints` (`check_checkpoint_dir` refuses anything else).
         last_every_n_iterations: iterations between rewrites of `last.ckpt` (1: after every iteration).
     """
 
@@ -364,7 +383,7 @@ class IterationCheckpoint(ModelCheckpoint):
     def _rotate(self, directory: Path, healthy_iteration: int) -> None:
         """Drop the oldest `iter_*.ckpt` beyond `keep_last`, never the newest one of an iteration at or before
         `healthy_iteration` (the last before a streak of skipped or non-finite iterations: the one to go back to)."""
-        copies = sorted(directory.glob("iter_*.ckpt"), key=checkpoint_iteration)
+        copies = sorted(iteration_copies(directory), key=checkpoint_iteration)
         healthy = max(
             (p for p in copies if checkpoint_iteration(p) <= healthy_iteration), key=checkpoint_iteration, default=None
         )

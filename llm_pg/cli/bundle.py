@@ -48,7 +48,8 @@ def run_name(run_dir: Path) -> str:
     if not isinstance(config, dict):
         raise ValueError(f"{file}: not a config llm-pg wrote (a YAML {type(config).__name__}, not a mapping)")
     name = config.get("run_name") or run_dir.name
-    if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+    if not isinstance(name, str) or any(part in ("", ".", "..") or "\\" in part for part in name.split("/")):
+        # one spelling per folder (`./base` is `base`), and nothing out of it
         raise ValueError(f"{run_dir}: run_name {name!r} cannot name a folder inside a zip")
     return name
 
@@ -106,6 +107,13 @@ def bundle(run_dirs: Sequence[str | Path], out: str | Path) -> list[str]:
         name = run_name(run_dir)
         if name in runs:
             raise ValueError(f"{run_dir} and {runs[name]} are both run {name!r}")
+        nested = next(
+            (other for other in runs if f"{name}/".startswith(f"{other}/") or other.startswith(f"{name}/")), None
+        )
+        if nested is not None:  # one run's folder in the zip would hold the other's files
+            raise ValueError(
+                f"{run_dir} is run {name!r} and {runs[nested]} is run {nested!r}: one would lie inside the other"
+            )
         runs[name] = run_dir
     out = Path(out)
     for run_dir in runs.values():

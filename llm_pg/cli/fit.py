@@ -32,6 +32,7 @@ from llm_pg.callbacks import IterationCheckpoint, progress_bar
 from llm_pg.callbacks.checkpoint import (
     NoChecksum,
     VerifiedCheckpointIO,
+    check_checkpoint_dir,
     newest_verified,
     read_header,
     stored_data_fingerprint,
@@ -216,6 +217,9 @@ class LLMPGCLI(LightningCLI):
         if config.run_name is None:
             config.run_name = default_run_name((config.get("config") or [None])[-1], config.seed)
         config.trainer.default_root_dir = str(checked_run_path(config.runs_root, config.run_name))  # a name, inside
+        check_checkpoint_dir(config.get("checkpoint"), Path(config.trainer.default_root_dir))
+        if config.get("ckpt_path") is not None and not str(config.ckpt_path).strip():
+            raise RunDirError("--ckpt_path is empty; give last (the run's newest checkpoint) or a checkpoint file")
         if self.subcommand == "fit":  # evaluation during fit is the EvalCallback's, by iteration
             check_no_lightning_limit(config.trainer, config.model.init_args.iterations)
             config.trainer.limit_val_batches = 0

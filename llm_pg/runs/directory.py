@@ -1,11 +1,12 @@
 """Run directories: where a run writes, who owns it, and when it is finished.
 
 A run directory `<runs_root>/<run_name>/` belongs to one run, and a run name is a name: `checked_run_path` accepts only
-a non-empty relative path without `.`/`..` parts that resolves strictly inside the runs root and neither lies inside
-another run nor holds runs of its own. `claim` then takes `<dir>/.lock` (an `fcntl.flock` on a file holding the
-owner's pid and host, released by the kernel when the process ends, so a killed run leaves no stale lock) and refuses
-a fresh start into a directory that already holds a run; `--overwrite true` renames the whole directory to
-`<dir>.old-<time>` in one atomic rename, so an interrupted overwrite leaves the old run whole on one side or the other.
+a non-empty relative path without `.`/`..` parts that resolves strictly inside the runs root, neither lies inside
+another run nor holds runs of its own, and whose files are its own (`check_run_files`). `claim` then takes
+`<dir>/.lock` (an `fcntl.flock` on a file holding the owner's pid and host, released by the kernel when the process
+ends, so a killed run leaves no stale lock) and refuses a fresh start into a directory that already holds a run;
+`--overwrite true` renames the whole directory to `<dir>.old-<time>` in one atomic rename, so an interrupted
+overwrite leaves the old run whole on one side or the other.
 Nothing here deletes a file of a run. `COMPLETE` is written last, after `final/`, and only when training reached its
 last iteration: it, not `final/`, says a run is finished. What a resume keeps of the logs is `llm_pg.runs.logs`.
 
@@ -29,6 +30,7 @@ import re
 import secrets
 import signal
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -54,7 +56,8 @@ RUN_FILES = (
     "report.md",
     "overview.png",
 )  # what a run writes, by name
-NAME_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@,-]*$")  # one folder of a run name
+MAX_PART = 200  # characters per folder of a run name: 255 is the usual limit, and `--overwrite` appends `.old-<time>`
+NAME_PART = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{{0,{MAX_PART - 1}}}$")  # one folder of a run name
 OWNERSHIP_HELP = "continue it with --ckpt_path last, pick a new --run_name, or --overwrite true (moves it aside)"
 RUN_DIR_GONE = 75  # the exit status of a run whose directory was moved or replaced under it (`ensure_run_dir`)
 
@@ -98,7 +101,10 @@ def checked_run_path(runs_root: str, run_name: str) -> Path:
     `tiny_grpo` or `sweeps/lr_3e-5_seed1`. The resolved directory must lie strictly inside the resolved runs root
     (a symlinked folder pointing out of it is refused), must not be inside another run's directory, and must not
     hold run directories of its own."""
-    rule = "a run name is one or more folders of letters, digits and _.+=@,- joined by / (e.g. sweeps/lr_a)"
+    rule = (
+        f"a run name is one or more folders of letters, digits and _.+=@,- (at most {MAX_PART} each) joined by / "
+        "(e.g. sweeps/lr_a)"
+    )
     parts = str(run_name).split("/")
     if not str(run_name) or str(run_name).startswith("/") or not all(NAME_PART.match(p) for p in parts):
         raise RunDirError(f"--run_name {run_name!r} is not allowed: {rule}, relative to --runs_root")
@@ -121,13 +127,56 @@ def checked_run_path(runs_root: str, run_name: str) -> Path:
             raise RunDirError(
                 f"run dir {directory} holds other runs ({inner.parent}); give the run a folder of its own (--run_name)"
             )
-        linked = [name for name in RUN_FILES if (directory / name).is_symlink()]
-        if linked:
-            raise RunDirError(
-                f"run dir {directory}: {', '.join(linked)} is a symbolic link; a run directory holds its own files "
-                "(nothing is written or deleted through a link): remove it, or pick a new --run_name"
-            )
+        check_run_files(directory)
     return directory
+
+
+FOLDERS = ("eval", "final", "checkpoints", "validate", "wandb")  # the names of RUN_FILES that are folders
+
+
+def check_run_files(directory: Path) -> None:
+    """RunDirError, naming the path and the way out, unless every file in the run directory is one a run may
+    write: no symbolic link anywhere (writes and deletions would act on its target), no file with a second name
+    outside `checkpoints/` (a file rewritten in place changes its other name too; `iter_*.ckpt` are hard links of
+    `last.ckpt` by design), nothing but plain files and folders, and a folder or a file where a run keeps one
+    (`RUN_FILES`, also inside `validate/`). W&B's own folder is W&B's (it links `latest-run` itself): only its
+    name is checked."""
+    fix = "move it out of the run directory, or pick a new --run_name"
+    inodes: dict[tuple[int, int], int] = {}  # hard links inside checkpoints/: names per file
+    checkpoints = directory / "checkpoints"
+    if checkpoints.is_dir() and not checkpoints.is_symlink():
+        for entry in os.scandir(checkpoints):
+            if entry.is_file(follow_symlinks=False):
+                info = entry.stat(follow_symlinks=False)
+                inodes[(info.st_dev, info.st_ino)] = inodes.get((info.st_dev, info.st_ino), 0) + 1
+    for top, folders, files in os.walk(directory):
+        here = Path(top)
+        if here == directory:
+            folders[:] = [f for f in folders if f != "wandb" or (here / f).is_symlink()]
+        for name in sorted(folders + files):
+            path = here / name
+            try:
+                info = path.lstat()
+            except FileNotFoundError:  # the run that holds the directory removed it meanwhile
+                continue
+            if stat.S_ISLNK(info.st_mode):
+                raise RunDirError(
+                    f"run dir {directory}: {path.relative_to(directory)} is a symbolic link; a run directory holds "
+                    f"its own files (nothing is written or deleted through a link): remove it, or pick a new --run_name"
+                )
+            if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+                raise RunDirError(f"run dir {directory}: {path} is neither a file nor a folder; {fix}")
+            known = here in (directory, directory / "validate") and name in RUN_FILES
+            if known and stat.S_ISDIR(info.st_mode) != (name in FOLDERS):
+                kept, found = ("a folder", "a file") if name in FOLDERS else ("a file", "a folder")
+                raise RunDirError(f"run dir {directory}: {path} is {found} where a run keeps {kept}; {fix}")
+            shared = here == checkpoints and inodes.get((info.st_dev, info.st_ino), 0) >= info.st_nlink
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1 and not shared:
+                raise RunDirError(
+                    f"run dir {directory}: {path} is a hard link (a file with {info.st_nlink} names); a run rewrites "
+                    "its files in place, which would change the other name's file too: replace it with a copy "
+                    f"(cp {path} {path}.copy && mv {path}.copy {path}), or remove it"
+                )
 
 
 def holds_run(path: str | Path) -> bool:
@@ -185,9 +234,10 @@ def is_rank_zero() -> bool:
 
 
 def has_contents(path: str | Path) -> bool:
-    """The directory exists and holds anything besides its lock file and its W&B id (`WANDB_ID`)."""
+    """The directory exists and holds anything besides its lock file, its W&B id (`WANDB_ID`) and the base model's
+    evaluation (`validate/`, which `llm-pg validate` writes before a run trains: a fit may follow it)."""
     path = Path(path)
-    return path.is_dir() and any(p.name not in (LOCK, WANDB_ID) for p in path.iterdir())
+    return path.is_dir() and any(p.name not in (LOCK, WANDB_ID, "validate") for p in path.iterdir())
 
 
 def is_complete(path: str | Path) -> bool:
@@ -339,10 +389,10 @@ def _descendants() -> list[int]:
     children: dict[int, list[int]] = {}
     for pid in entries:
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            line = Path(f"/proc/{pid}/stat").read_text()
         except OSError:  # ended meanwhile
             continue
-        fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces: state, ppid, ...
+        fields = line.rpartition(")")[2].split()  # after the command name, which may hold spaces: state, ppid, ...
         if len(fields) > 1 and fields[1].isdigit():
             children.setdefault(int(fields[1]), []).append(pid)
     found, todo = [], [os.getpid()]

@@ -35,11 +35,12 @@ def trim_logs(directory: str | Path, iteration: int | None, final: bool = False)
     iteration left.
     """
     directory = Path(directory)
-    (directory / COMPLETE).unlink(missing_ok=True)
     keep_up_to = -1 if iteration is None else iteration
     metrics, generations = directory / "metrics.csv", directory / "generations.jsonl"
-    if metrics.is_file():
-        _trim_csv(metrics, keep_up_to, final)
+    kept_metrics = _kept_csv(metrics, keep_up_to, final) if metrics.is_file() else None  # refused: nothing changed
+    (directory / COMPLETE).unlink(missing_ok=True)  # first: a kill below leaves a run that is not finished
+    if kept_metrics is not None:
+        write_text_atomic(metrics, kept_metrics)
     if generations.is_file():
         write_text_atomic(generations, "".join(_kept_generations(generations, keep_up_to)))
     for path in (directory / "eval").glob("iter_*.jsonl"):
@@ -68,10 +69,11 @@ def _kept_generations(path: Path, iteration: int) -> list[str]:
     return kept
 
 
-def _trim_csv(path: Path, iteration: int, final: bool) -> None:
+def _kept_csv(path: Path, iteration: int, final: bool) -> str | None:
+    """The text of `metrics.csv` with the rows up to `iteration` (None: nothing to rewrite)."""
     text = path.read_text(errors="replace")
     if not text.strip():
-        return  # cut before its header was written: the logger starts it afresh
+        return None  # cut before its header was written: the logger starts it afresh
     rows = list(csv.reader(io.StringIO(text, newline="")))
     if "step" not in rows[0]:
         raise RunDirError(
@@ -92,4 +94,4 @@ def _trim_csv(path: Path, iteration: int, final: bool) -> None:
         kept.append(row)
     out = io.StringIO(newline="")
     csv.writer(out).writerows(kept)  # Lightning's CSV writer ends lines with \r\n too
-    write_text_atomic(path, out.getvalue())
+    return out.getvalue()
