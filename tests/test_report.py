@@ -445,3 +445,15 @@ def test_a_report_out_inside_what_it_reads_is_refused(tmp_path, capsys):
         "the report reads; write it outside, e.g. --out reports/NAME\n"
     )
     assert sorted(p.name for p in (tmp_path / "sweep").rglob("*")) == ["a", "metrics.csv"]
+
+
+def test_a_report_out_that_is_another_run_is_refused(tmp_path, capsys):
+    """Found in review: `llm-pg report runs/t --out runs/a` replaced run a's own report.md and overview.png."""
+    for name in ("a", "t"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.csv").write_text("step,train/reward\n1,0.5\n")
+    (tmp_path / "a" / "report.md").write_text("a's own\n")
+    assert report.main([str(tmp_path / "t"), "--out", str(tmp_path / "a")]) == 2
+    assert "is a run directory, whose report is its own" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["metrics.csv", "report.md"]
+    assert (tmp_path / "a" / "report.md").read_text() == "a's own\n"

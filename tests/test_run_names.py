@@ -70,6 +70,10 @@ def test_a_runs_root_that_is_a_file_or_cannot_be_made_is_one_line(tmp_path):
         (["--run_name=" + "a" * 201], "at most 200 each"),
         (["--run_name=r", "--checkpoint.dirpath=../elsewhere"], "checkpoint.dirpath ../elsewhere: a run keeps its"),
         (["--run_name=r", "--ckpt_path="], "--ckpt_path is empty; give last"),
+        (
+            ["--run_name=r", "--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir=x"],
+            "trainer.logger: a run logs into its own directory",
+        ),
     ],
 )
 def test_the_cli_refuses_in_one_line_and_touches_nothing(tmp_path, capsys, monkeypatch, args, message):
@@ -183,7 +187,7 @@ def test_a_file_with_a_second_name_outside_the_run_is_refused(tmp_path, name):
     path = tmp_path / "runs" / "run" / name
     path.parent.mkdir(parents=True)
     os.link(tmp_path / "precious.txt", path)
-    with pytest.raises(RunDirError, match=r"is a hard link \(a file with 2 names\); a run rewrites its files in place"):
+    with pytest.raises(RunDirError, match=rf"1 file\(s\) have a second name outside the run .*first: {name}\); a run "):
         checked_run_path(str(tmp_path / "runs"), "run")
     assert (tmp_path / "precious.txt").read_text() == "keep\n"
 
@@ -196,7 +200,60 @@ def test_the_runs_own_hard_links_between_checkpoints_are_allowed(tmp_path):
     os.link(checkpoints / "last.ckpt", checkpoints / "iter_00003.ckpt")
     assert checked_run_path(str(tmp_path / "runs"), "run") == tmp_path / "runs" / "run"
     (tmp_path / "elsewhere.ckpt").hardlink_to(checkpoints / "last.ckpt")  # a third name, outside the run
-    with pytest.raises(RunDirError, match=r"checkpoints/iter_00003.ckpt is a hard link \(a file with 3 names\)"):
+    with pytest.raises(RunDirError, match=r"2 file\(s\) have a second name .*first: checkpoints/iter_00003.ckpt\)"):
+        checked_run_path(str(tmp_path / "runs"), "run")
+
+
+def test_a_hard_linked_snapshot_is_refused_once_and_the_copy_it_suggests_is_the_runs_own(tmp_path):
+    """A `cp -al` snapshot (a common backup) shares every file with the run: one refusal for all of them, whose
+    `cp -a` command (quoted: the runs root has a space) makes a copy that keeps only the checkpoints' own pair."""
+    import re
+    import shlex
+    import subprocess
+
+    root = tmp_path / "my runs"
+    run = root / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    os.link(run / "checkpoints" / "last.ckpt", run / "checkpoints" / "iter_00003.ckpt")
+    for name in ("metrics.csv", "config.yaml", ".lock"):
+        (run / name).write_text(name)
+    subprocess.run(["cp", "-al", str(run), str(tmp_path / "snapshot")], check=True)
+    with pytest.raises(RunDirError, match=r"run dir .*: 5 file\(s\) have a second name outside the run") as refused:
+        checked_run_path(str(root), "run")
+    command = re.search(r"copy the run \((cp -a .*)\) and continue the copy", str(refused.value)).group(1)
+    assert shlex.split(command) == ["cp", "-a", str(run), f"{run}.copy"]
+    subprocess.run(command, shell=True, check=True)
+    assert checked_run_path(str(root), "run.copy") == root / "run.copy"  # its files are its own
+    copied = root / "run.copy" / "checkpoints"
+    assert os.path.samefile(copied / "last.ckpt", copied / "iter_00003.ckpt")  # the run's own pair kept
+    (root / "run.copy" / "metrics.csv").write_text("rewritten")
+    assert (tmp_path / "snapshot" / "metrics.csv").read_text() == "metrics.csv"
+
+
+def test_a_symlinked_folder_of_a_run_name_is_refused(tmp_path):
+    """Found in review: `ln -s a/eval runs/sw` and `--run_name sw/x` wrote a whole run into run a's `eval/`."""
+    root = tmp_path / "runs"
+    (root / "a" / "eval").mkdir(parents=True)
+    (root / "a" / "metrics.csv").write_text("step\n1\n")
+    (root / "sw").symlink_to(root / "a" / "eval")
+    (root / "lnk").symlink_to(root / "a")
+    for name in ("sw/x", "lnk"):
+        with pytest.raises(RunDirError, match=rf"--run_name '{name}': {root / name.split('/')[0]} is a symbolic link"):
+            checked_run_path(str(root), name)
+    assert sorted(p.name for p in (root / "a" / "eval").iterdir()) == []
+
+
+def test_the_wandb_folder_of_a_validation_is_w_and_bs(tmp_path):
+    """Found in review: W&B links `latest-run` and its logs inside `validate/wandb` too; they are W&B's, not ours."""
+    run = tmp_path / "runs" / "run"
+    for folder in (run / "wandb", run / "validate" / "wandb"):
+        folder.mkdir(parents=True)
+        (folder / "latest-run").symlink_to(folder)
+    assert checked_run_path(str(tmp_path / "runs"), "run") == run
+    (run / "eval").mkdir()
+    (run / "eval" / "wandb").symlink_to(tmp_path)  # only W&B's own folders are W&B's
+    with pytest.raises(RunDirError, match=r"eval/wandb is a symbolic link"):
         checked_run_path(str(tmp_path / "runs"), "run")
 
 
@@ -211,6 +268,7 @@ def test_the_runs_own_hard_links_between_checkpoints_are_allowed(tmp_path):
         ("COMPLETE", "folder", "is a folder where a run keeps a file"),
         (".lock", "fifo", "is neither a file nor a folder"),
         ("eval/iter_00001.jsonl", "fifo", "is neither a file nor a folder"),
+        ("checkpoints/last.ckpt", "folder", "is a folder where a run keeps a file"),
     ],
 )
 def test_a_run_file_of_the_wrong_kind_is_one_line(tmp_path, name, kind, message):

@@ -218,6 +218,11 @@ class LLMPGCLI(LightningCLI):
             config.run_name = default_run_name((config.get("config") or [None])[-1], config.seed)
         config.trainer.default_root_dir = str(checked_run_path(config.runs_root, config.run_name))  # a name, inside
         check_checkpoint_dir(config.get("checkpoint"), Path(config.trainer.default_root_dir))
+        if config.trainer.get("logger") not in (None, True, False):  # its directory would be where the run writes
+            raise RunDirError(
+                "trainer.logger: a run logs into its own directory (metrics.csv, and W&B with --wandb_project), which "
+                "a logger of your own would move elsewhere; leave trainer.logger unset (false: no metrics.csv)"
+            )
         if config.get("ckpt_path") is not None and not str(config.ckpt_path).strip():
             raise RunDirError("--ckpt_path is empty; give last (the run's newest checkpoint) or a checkpoint file")
         if self.subcommand == "fit":  # evaluation during fit is the EvalCallback's, by iteration

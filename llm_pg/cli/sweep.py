@@ -204,6 +204,11 @@ def expand(sweep: Mapping[str, Any]) -> list[Run]:
         merged = {**shared, **(overrides or {})}
         override_args(merged)  # fail on a bad key now, not an hour into the sweep
         expanded += [Run(f"{name}/{label}_seed{seed}", str(sweep["base"]), merged, seed) for seed in seeds]
+    from llm_pg.runs.directory import MAX_PART  # here: `llm-pg sweep --help` loads no Lightning
+
+    for folder in {part for run in expanded for part in run.name.split("/")}:
+        if len(folder) > MAX_PART:
+            raise ValueError(f"{folder!r} ({len(folder)} characters) is a run name's folder: shorten it to {MAX_PART}")
     return expanded
 
 

@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import re
 import secrets
+import shlex
 import signal
 import socket
 import stat
@@ -114,6 +115,12 @@ def checked_run_path(runs_root: str, run_name: str) -> Path:
     real = directory.resolve()
     if real == real_root or real_root not in real.parents:
         raise RunDirError(f"--run_name {run_name!r} resolves to {real}, outside --runs_root {real_root}; {rule}")
+    for k in range(1, len(parts) + 1):  # a link would put the run where its target is: inside another run, say
+        if (root / Path(*parts[:k])).is_symlink():
+            raise RunDirError(
+                f"--run_name {run_name!r}: {root / Path(*parts[:k])} is a symbolic link; a run name's folders are "
+                "folders of --runs_root: pick another name, or give the link's target folder as --runs_root"
+            )
     for parent in [*reversed(directory.relative_to(root).parents), directory.relative_to(root)]:
         if parent != Path(".") and (root / parent).exists() and not (root / parent).is_dir():
             raise RunDirError(f"--run_name {run_name!r}: {root / parent} is a file, not a folder; pick another name")
@@ -142,6 +149,7 @@ def check_run_files(directory: Path) -> None:
     (`RUN_FILES`, also inside `validate/`). W&B's own folder is W&B's (it links `latest-run` itself): only its
     name is checked."""
     fix = "move it out of the run directory, or pick a new --run_name"
+    shared: list[Path] = []  # files with a name outside the run
     inodes: dict[tuple[int, int], int] = {}  # hard links inside checkpoints/: names per file
     checkpoints = directory / "checkpoints"
     if checkpoints.is_dir() and not checkpoints.is_symlink():
@@ -151,7 +159,7 @@ def check_run_files(directory: Path) -> None:
                 inodes[(info.st_dev, info.st_ino)] = inodes.get((info.st_dev, info.st_ino), 0) + 1
     for top, folders, files in os.walk(directory):
         here = Path(top)
-        if here == directory:
+        if here in (directory, directory / "validate"):  # W&B's folders are W&B's (`llm-pg validate` has its own)
             folders[:] = [f for f in folders if f != "wandb" or (here / f).is_symlink()]
         for name in sorted(folders + files):
             path = here / name
@@ -166,17 +174,23 @@ def check_run_files(directory: Path) -> None:
                 )
             if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
                 raise RunDirError(f"run dir {directory}: {path} is neither a file nor a folder; {fix}")
-            known = here in (directory, directory / "validate") and name in RUN_FILES
+            known = (here in (directory, directory / "validate") and name in RUN_FILES) or (
+                here == checkpoints and name == "last.ckpt"
+            )
             if known and stat.S_ISDIR(info.st_mode) != (name in FOLDERS):
                 kept, found = ("a folder", "a file") if name in FOLDERS else ("a file", "a folder")
                 raise RunDirError(f"run dir {directory}: {path} is {found} where a run keeps {kept}; {fix}")
-            shared = here == checkpoints and inodes.get((info.st_dev, info.st_ino), 0) >= info.st_nlink
-            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1 and not shared:
-                raise RunDirError(
-                    f"run dir {directory}: {path} is a hard link (a file with {info.st_nlink} names); a run rewrites "
-                    "its files in place, which would change the other name's file too: replace it with a copy "
-                    f"(cp {path} {path}.copy && mv {path}.copy {path}), or remove it"
-                )
+            own_pair = here == checkpoints and inodes.get((info.st_dev, info.st_ino), 0) >= info.st_nlink
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1 and not own_pair:
+                shared.append(path)
+    if shared:  # `cp -a` keeps the links among the files it copies (the checkpoints') and no other
+        copy = f"cp -a {shlex.quote(str(directory))} {shlex.quote(str(directory) + '.copy')}"
+        raise RunDirError(
+            f"run dir {directory}: {len(shared)} file(s) have a second name outside the run (hard links, as a "
+            f"`cp -al` snapshot makes; first: {shared[0].relative_to(directory)}); a run rewrites its files in place, "
+            f"which would change those too: copy the run ({copy}) and continue the copy (its --run_name ends in "
+            "'.copy'), or pick a new --run_name"
+        )
 
 
 def holds_run(path: str | Path) -> bool:

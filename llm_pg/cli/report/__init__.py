@@ -259,6 +259,15 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target:g} is no exact match: give one in (0, 1], e.g. --target 0.5")
+    from llm_pg.runs.directory import holds_run  # here: `llm-pg report --help` loads no Lightning
+
+    if holds_run(args.out):  # its report.md and overview.png are that run's own
+        print(
+            f"llm-pg report: error: --out {args.out} is a run directory, whose report is its own; write it outside, "
+            "e.g. --out reports/NAME",
+            file=sys.stderr,
+        )
+        return 2
     for path in args.runs:  # outputs never land inside what the report reads
         if Path(args.out).resolve().is_relative_to(Path(path).resolve()):
             print(
