@@ -79,6 +79,11 @@ def test_bundle_refuses_two_spellings_of_one_name_and_a_run_inside_another(tmp_p
     dotted = make_run(tmp_path / "y", "base", run_name="./base")
     with pytest.raises(ValueError, match=r"run_name './base' cannot name a folder inside a zip"):
         bundle([base, dotted], tmp_path / "b.zip")
+    (base / ".lock").write_text("1 host token\n")
+    with pytest.raises(ValueError, match=r"lies in the run directory .*x/base, whose files are its own"):
+        bundle([make_run(tmp_path / "w", "other")], base / "checkpoints" / "last.ckpt")  # found in review: it was
+        # truncated, and its iteration copy (a hard link of it) with it
+    assert (base / "checkpoints" / "last.ckpt").read_bytes() == b"big"
     inner = make_run(tmp_path / "z", "seed1", run_name="base/seed1")
     for pair in ([base, inner], [inner, base]):
         with pytest.raises(ValueError, match=r"one would lie inside the other"):

@@ -453,7 +453,9 @@ def test_a_report_out_that_is_another_run_is_refused(tmp_path, capsys):
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.csv").write_text("step,train/reward\n1,0.5\n")
     (tmp_path / "a" / "report.md").write_text("a's own\n")
-    assert report.main([str(tmp_path / "t"), "--out", str(tmp_path / "a")]) == 2
-    assert "is a run directory, whose report is its own" in capsys.readouterr().err
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["metrics.csv", "report.md"]
+    (tmp_path / "a" / ".lock").write_text("1 host token\n")
+    for out in (tmp_path / "a", tmp_path / "a" / "final"):  # the run, or a folder of it
+        assert report.main([str(tmp_path / "t"), "--out", str(out)]) == 2
+        assert f"lies in the run directory {tmp_path / 'a'}, whose files are its own" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".lock", "metrics.csv", "report.md"]
     assert (tmp_path / "a" / "report.md").read_text() == "a's own\n"

@@ -187,28 +187,32 @@ def test_a_file_with_a_second_name_outside_the_run_is_refused(tmp_path, name):
     path = tmp_path / "runs" / "run" / name
     path.parent.mkdir(parents=True)
     os.link(tmp_path / "precious.txt", path)
-    with pytest.raises(RunDirError, match=rf"1 file\(s\) have a second name outside the run .*first: {name}\); a run "):
+    with pytest.raises(RunDirError, match=rf"1 file\(s\) have a second name \(hard links.*first: {name}\); a run "):
         checked_run_path(str(tmp_path / "runs"), "run")
     assert (tmp_path / "precious.txt").read_text() == "keep\n"
 
 
-def test_the_runs_own_hard_links_between_checkpoints_are_allowed(tmp_path):
-    """`iter_XXXXX.ckpt` is a hard link of `last.ckpt` (`copy_checkpoint`): both names inside `checkpoints/`."""
+def test_hard_links_in_checkpoints_are_allowed_as_a_checkpoint_is_only_ever_replaced(tmp_path):
+    """`iter_XXXXX.ckpt` is a hard link of `last.ckpt` (`copy_checkpoint`), and a user may keep one of them under a
+    name outside the run: a save replaces the run's name (`atomic_save`), and the other keeps its bytes."""
+    from llm_pg.callbacks.checkpoint import atomic_save
+
     checkpoints = tmp_path / "runs" / "run" / "checkpoints"
     checkpoints.mkdir(parents=True)
-    (checkpoints / "last.ckpt").write_bytes(b"weights")
+    atomic_save({"w": 1}, checkpoints / "last.ckpt")
     os.link(checkpoints / "last.ckpt", checkpoints / "iter_00003.ckpt")
+    os.link(checkpoints / "last.ckpt", tmp_path / "best.ckpt")  # a third name, outside the run
+    kept = (tmp_path / "best.ckpt").read_bytes()
     assert checked_run_path(str(tmp_path / "runs"), "run") == tmp_path / "runs" / "run"
-    (tmp_path / "elsewhere.ckpt").hardlink_to(checkpoints / "last.ckpt")  # a third name, outside the run
-    with pytest.raises(RunDirError, match=r"2 file\(s\) have a second name .*first: checkpoints/iter_00003.ckpt\)"):
-        checked_run_path(str(tmp_path / "runs"), "run")
+    atomic_save({"w": 2}, checkpoints / "last.ckpt")
+    assert (tmp_path / "best.ckpt").read_bytes() == kept != (checkpoints / "last.ckpt").read_bytes()
 
 
-def test_a_hard_linked_snapshot_is_refused_once_and_the_copy_it_suggests_is_the_runs_own(tmp_path):
+def test_a_hard_linked_snapshot_is_refused_once_and_the_fix_it_suggests_works(tmp_path):
     """A `cp -al` snapshot (a common backup) shares every file with the run: one refusal for all of them, whose
-    `cp -a` command (quoted: the runs root has a space) makes a copy that keeps only the checkpoints' own pair."""
+    command (quoted: the runs root has a space) gives the run files of its own under the same name and keeps the
+    linked ones aside; `--overwrite true`, which moves the run aside whole, goes ahead without it."""
     import re
-    import shlex
     import subprocess
 
     root = tmp_path / "my runs"
@@ -218,17 +222,38 @@ def test_a_hard_linked_snapshot_is_refused_once_and_the_copy_it_suggests_is_the_
     os.link(run / "checkpoints" / "last.ckpt", run / "checkpoints" / "iter_00003.ckpt")
     for name in ("metrics.csv", "config.yaml", ".lock"):
         (run / name).write_text(name)
+    os.link(run / "metrics.csv", run / "metrics.bak")  # a second name inside the run too
     subprocess.run(["cp", "-al", str(run), str(tmp_path / "snapshot")], check=True)
-    with pytest.raises(RunDirError, match=r"run dir .*: 5 file\(s\) have a second name outside the run") as refused:
+    assert checked_run_path(str(root), "run", overwrite=True) == run
+    with pytest.raises(RunDirError, match=r"run dir .*: 4 file\(s\) have a second name \(hard links") as refused:
         checked_run_path(str(root), "run")
-    command = re.search(r"copy the run \((cp -a .*)\) and continue the copy", str(refused.value)).group(1)
-    assert shlex.split(command) == ["cp", "-a", str(run), f"{run}.copy"]
+    command = re.search(r"keeping the linked ones aside \((cp -a .*)\), or pick", str(refused.value)).group(1)
     subprocess.run(command, shell=True, check=True)
-    assert checked_run_path(str(root), "run.copy") == root / "run.copy"  # its files are its own
-    copied = root / "run.copy" / "checkpoints"
-    assert os.path.samefile(copied / "last.ckpt", copied / "iter_00003.ckpt")  # the run's own pair kept
-    (root / "run.copy" / "metrics.csv").write_text("rewritten")
+    assert checked_run_path(str(root), "run") == run  # its files are its own now
+    (run / "metrics.csv").write_text("rewritten")
     assert (tmp_path / "snapshot" / "metrics.csv").read_text() == "metrics.csv"
+    assert (root / "run.linked" / "metrics.csv").read_text() == "metrics.csv"  # kept aside
+
+
+def test_a_lock_with_a_second_name_is_never_written(tmp_path):
+    from llm_pg.runs.directory import RunLock
+
+    (tmp_path / "precious.txt").write_text("keep\n")
+    (tmp_path / "run").mkdir()
+    os.link(tmp_path / "precious.txt", tmp_path / "run" / ".lock")
+    with pytest.raises(RunDirError, match=r"\.lock has a second name \(a hard link\); remove it"):
+        RunLock.acquire(tmp_path / "run")
+    assert (tmp_path / "precious.txt").read_text() == "keep\n"
+
+
+def test_a_runs_root_inside_a_run_is_refused(tmp_path):
+    """Found in review: `--runs_root runs/a/eval` put a new run inside run a's `eval/`."""
+    (tmp_path / "a" / "eval").mkdir(parents=True)
+    (tmp_path / "a" / ".lock").write_text("1 host token\n")
+    (tmp_path / "a" / "metrics.csv").write_text("step\n1\n")
+    with pytest.raises(RunDirError, match=rf"--runs_root .* lies inside the run directory {tmp_path / 'a'}; give a"):
+        checked_run_path(str(tmp_path / "a" / "eval"), "x")
+    assert sorted(p.name for p in (tmp_path / "a" / "eval").iterdir()) == []
 
 
 def test_a_symlinked_folder_of_a_run_name_is_refused(tmp_path):

@@ -70,7 +70,7 @@ def test_fit_args_spell_overrides_as_cli_flags():
         ({"runs": {"a": 0.1}}, "mapping"),
         ({"sedes": [0]}, "unknown"),
         ({"base": None}, "base"),
-        ({"runs": {"a" * 196: {}}}, r"\(202 characters\) is a run name's folder: shorten it to 200"),
+        ({"runs": {"a" * 196: {}}}, r"makes a folder of 202 characters \(200 at most\): shorten it by 2"),
     ],
 )
 def test_expand_rejects_mistakes_before_anything_runs(change, message):

@@ -116,6 +116,11 @@ def bundle(run_dirs: Sequence[str | Path], out: str | Path) -> list[str]:
             )
         runs[name] = run_dir
     out = Path(out)
+    from llm_pg.runs.directory import enclosing_run  # here: `llm-pg bundle --help` loads no Lightning
+
+    around = enclosing_run(out.parent)
+    if around is not None:
+        raise ValueError(f"--out {out} lies in the run directory {around}, whose files are its own; write it outside")
     for run_dir in runs.values():
         if _inside(out, run_dir.resolve()):
             raise ValueError(

@@ -216,7 +216,8 @@ class LLMPGCLI(LightningCLI):
             torch.set_num_threads(config.torch_threads)
         if config.run_name is None:
             config.run_name = default_run_name((config.get("config") or [None])[-1], config.seed)
-        config.trainer.default_root_dir = str(checked_run_path(config.runs_root, config.run_name))  # a name, inside
+        directory = checked_run_path(config.runs_root, config.run_name, bool(config.get("overwrite")))  # a name, inside
+        config.trainer.default_root_dir = str(directory)
         check_checkpoint_dir(config.get("checkpoint"), Path(config.trainer.default_root_dir))
         if config.trainer.get("logger") not in (None, True, False):  # its directory would be where the run writes
             raise RunDirError(

@@ -206,9 +206,17 @@ def expand(sweep: Mapping[str, Any]) -> list[Run]:
         expanded += [Run(f"{name}/{label}_seed{seed}", str(sweep["base"]), merged, seed) for seed in seeds]
     from llm_pg.runs.directory import MAX_PART  # here: `llm-pg sweep --help` loads no Lightning
 
-    for folder in {part for run in expanded for part in run.name.split("/")}:
-        if len(folder) > MAX_PART:
-            raise ValueError(f"{folder!r} ({len(folder)} characters) is a run name's folder: shorten it to {MAX_PART}")
+    for run in expanded:
+        sweep_name, folder = run.name.split("/")
+        for what, length in (
+            (f"the sweep's name {sweep_name!r}", len(sweep_name)),
+            (f"run {run.label!r}", len(folder)),
+        ):
+            if length > MAX_PART:  # a run's folder is <label>_seed<N>
+                over = length - MAX_PART
+                raise ValueError(
+                    f"{what} makes a folder of {length} characters ({MAX_PART} at most): shorten it by {over}"
+                )
     return expanded
 
 

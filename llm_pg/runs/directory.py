@@ -95,13 +95,14 @@ def ensure_runs_root(runs_root: str) -> Path:
     return root
 
 
-def checked_run_path(runs_root: str, run_name: str) -> Path:
+def checked_run_path(runs_root: str, run_name: str, overwrite: bool = False) -> Path:
     """`<runs_root>/<run_name>` after checking that the name is a name (module docstring); RunDirError otherwise.
 
     Allowed: folders of letters, digits and `_ . + = @ , -` (not starting with `.` or `-`) joined by `/`, such as
     `tiny_grpo` or `sweeps/lr_3e-5_seed1`. The resolved directory must lie strictly inside the resolved runs root
     (a symlinked folder pointing out of it is refused), must not be inside another run's directory, and must not
-    hold run directories of its own."""
+    hold run directories of its own; its files must be its own (`check_run_files`: with `overwrite`, which moves a run
+    aside whole, files with a second name may stay)."""
     rule = (
         f"a run name is one or more folders of letters, digits and _.+=@,- (at most {MAX_PART} each) joined by / "
         "(e.g. sweeps/lr_a)"
@@ -119,8 +120,11 @@ def checked_run_path(runs_root: str, run_name: str) -> Path:
         if (root / Path(*parts[:k])).is_symlink():
             raise RunDirError(
                 f"--run_name {run_name!r}: {root / Path(*parts[:k])} is a symbolic link; a run name's folders are "
-                "folders of --runs_root: pick another name, or give the link's target folder as --runs_root"
+                "folders of --runs_root: pick another name"
             )
+    around = enclosing_run(real_root)
+    if around is not None:
+        raise RunDirError(f"--runs_root {runs_root} lies inside the run directory {around}; give a folder outside it")
     for parent in [*reversed(directory.relative_to(root).parents), directory.relative_to(root)]:
         if parent != Path(".") and (root / parent).exists() and not (root / parent).is_dir():
             raise RunDirError(f"--run_name {run_name!r}: {root / parent} is a file, not a folder; pick another name")
@@ -134,29 +138,35 @@ def checked_run_path(runs_root: str, run_name: str) -> Path:
             raise RunDirError(
                 f"run dir {directory} holds other runs ({inner.parent}); give the run a folder of its own (--run_name)"
             )
-        check_run_files(directory)
+        check_run_files(directory, hard_links=not (overwrite and has_contents(directory)))
     return directory
+
+
+def enclosing_run(path: str | Path) -> Path | None:
+    """The run directory that `path` (resolved) is or lies in: the nearest of it and its parents that holds a lock
+    file and something a run writes; None when there is none."""
+    resolved = Path(path).resolve()
+    for folder in (resolved, *resolved.parents):
+        if (folder / LOCK).is_file() and any(
+            (folder / name).exists() for name in RUN_FILES if name not in (LOCK, WANDB_ID)
+        ):
+            return folder
+    return None
 
 
 FOLDERS = ("eval", "final", "checkpoints", "validate", "wandb")  # the names of RUN_FILES that are folders
 
 
-def check_run_files(directory: Path) -> None:
+def check_run_files(directory: Path, hard_links: bool = True) -> None:
     """RunDirError, naming the path and the way out, unless every file in the run directory is one a run may
-    write: no symbolic link anywhere (writes and deletions would act on its target), no file with a second name
-    outside `checkpoints/` (a file rewritten in place changes its other name too; `iter_*.ckpt` are hard links of
-    `last.ckpt` by design), nothing but plain files and folders, and a folder or a file where a run keeps one
-    (`RUN_FILES`, also inside `validate/`). W&B's own folder is W&B's (it links `latest-run` itself): only its
-    name is checked."""
+    write: no symbolic link anywhere (writes and deletions would act on its target), nothing but plain files and
+    folders, a folder or a file where a run keeps one (`RUN_FILES`, also inside `validate/`), and, with
+    `hard_links`, no file with a second name outside `checkpoints/` (a file rewritten in place changes its other
+    name too; checkpoints are only ever replaced, never rewritten, and `iter_*.ckpt` are hard links of `last.ckpt`
+    by design). W&B's own folders are W&B's (it links `latest-run` itself): only their names are checked."""
     fix = "move it out of the run directory, or pick a new --run_name"
-    shared: list[Path] = []  # files with a name outside the run
-    inodes: dict[tuple[int, int], int] = {}  # hard links inside checkpoints/: names per file
+    shared: list[Path] = []  # files with a second name
     checkpoints = directory / "checkpoints"
-    if checkpoints.is_dir() and not checkpoints.is_symlink():
-        for entry in os.scandir(checkpoints):
-            if entry.is_file(follow_symlinks=False):
-                info = entry.stat(follow_symlinks=False)
-                inodes[(info.st_dev, info.st_ino)] = inodes.get((info.st_dev, info.st_ino), 0) + 1
     for top, folders, files in os.walk(directory):
         here = Path(top)
         if here in (directory, directory / "validate"):  # W&B's folders are W&B's (`llm-pg validate` has its own)
@@ -180,16 +190,15 @@ def check_run_files(directory: Path) -> None:
             if known and stat.S_ISDIR(info.st_mode) != (name in FOLDERS):
                 kept, found = ("a folder", "a file") if name in FOLDERS else ("a file", "a folder")
                 raise RunDirError(f"run dir {directory}: {path} is {found} where a run keeps {kept}; {fix}")
-            own_pair = here == checkpoints and inodes.get((info.st_dev, info.st_ino), 0) >= info.st_nlink
-            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1 and not own_pair:
+            if hard_links and stat.S_ISREG(info.st_mode) and info.st_nlink > 1 and here != checkpoints:
                 shared.append(path)
-    if shared:  # `cp -a` keeps the links among the files it copies (the checkpoints') and no other
-        copy = f"cp -a {shlex.quote(str(directory))} {shlex.quote(str(directory) + '.copy')}"
+    if shared:
+        here, copy, aside = (shlex.quote(f"{directory}{suffix}") for suffix in ("", ".copy", ".linked"))
         raise RunDirError(
-            f"run dir {directory}: {len(shared)} file(s) have a second name outside the run (hard links, as a "
-            f"`cp -al` snapshot makes; first: {shared[0].relative_to(directory)}); a run rewrites its files in place, "
-            f"which would change those too: copy the run ({copy}) and continue the copy (its --run_name ends in "
-            "'.copy'), or pick a new --run_name"
+            f"run dir {directory}: {len(shared)} file(s) have a second name (hard links, as a `cp -al` snapshot "
+            f"makes; first: {shared[0].relative_to(directory)}); a run rewrites its files in place, which would change "
+            f"the other names' files too: give the run files of its own, keeping the linked ones aside (cp -a "
+            f"--no-preserve=links {here} {copy} && mv {here} {aside} && mv {copy} {here}), or pick a new --run_name"
         )
 
 
@@ -347,6 +356,9 @@ class RunLock:
         if held:
             os.close(fd)
             raise RunDirError(f"run dir {directory} is in use by {_owner(path)}; wait for it or pick a new --run_name")
+        if os.fstat(fd).st_nlink > 1:  # writing the owner would rewrite the lock's other name too
+            os.close(fd)
+            raise RunDirError(f"{path} has a second name (a hard link); remove it (it only names the run's owner)")
         token = secrets.token_hex(8)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {socket.gethostname()} {token}\n".encode())

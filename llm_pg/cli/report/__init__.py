@@ -259,12 +259,13 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target:g} is no exact match: give one in (0, 1], e.g. --target 0.5")
-    from llm_pg.runs.directory import holds_run  # here: `llm-pg report --help` loads no Lightning
+    from llm_pg.runs.directory import enclosing_run  # here: `llm-pg report --help` loads no Lightning
 
-    if holds_run(args.out):  # its report.md and overview.png are that run's own
+    run = enclosing_run(args.out)
+    if run is not None:  # a run's report.md and overview.png are its own, and its folders hold its files alone
         print(
-            f"llm-pg report: error: --out {args.out} is a run directory, whose report is its own; write it outside, "
-            "e.g. --out reports/NAME",
+            f"llm-pg report: error: --out {args.out} lies in the run directory {run}, whose files are its own; write "
+            "it outside, e.g. --out reports/NAME",
             file=sys.stderr,
         )
         return 2
