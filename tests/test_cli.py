@@ -392,7 +392,7 @@ def test_validate_without_a_checkpoint_to_load_is_one_line(tmp_path):
 
 def test_the_default_run_name_is_the_same_from_any_working_directory(tmp_path, monkeypatch):
     """`--config config.yaml` from its own folder used to give `_config` (the relative path has no parent name)."""
-    from llm_pg.runs.directory import default_run_name
+    from llm_pg.runs.names import default_run_name
 
     (tmp_path / "mytask").mkdir()
     config = tmp_path / "mytask" / "config.yaml"

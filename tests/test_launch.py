@@ -118,7 +118,7 @@ def test_resumed_multi_gpu_command_adds_last_checkpoint_and_ddp(launch, capsys, 
 
 
 def test_default_run_name_matches_the_cli(launch):
-    from llm_pg.runs.directory import default_run_name
+    from llm_pg.runs.names import default_run_name
 
     assert launch.default_run_name is default_run_name  # one function: what `llm-pg fit` names a run without one
     assert launch.default_run_name("configs/tiny/format_copy_grpo.yaml", 3) == "tiny_format_copy_grpo_seed3"

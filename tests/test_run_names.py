@@ -1,5 +1,6 @@
-"""Run names are names (llm_pg/runs/directory.py `checked_run_path`, `claim`): nothing outside the runs root, nor
-another run, is ever created, moved or deleted, whatever `--run_name` / `--runs_root` a user types."""
+"""Run names are names (llm_pg/runs/names.py `checked_run_path`, llm_pg/runs/directory.py `claim`): nothing outside
+the runs root, nor another run, is ever created, moved or deleted, whatever `--run_name` / `--runs_root` a user
+types."""
 
 import os
 import sys
@@ -10,7 +11,8 @@ import pytest
 from conftest import ROOT
 
 from llm_pg.cli.fit import main
-from llm_pg.runs.directory import RunDirError, checked_run_path, claim
+from llm_pg.runs.directory import RunDirError, claim
+from llm_pg.runs.names import checked_run_path
 
 CONFIG = f"--config={ROOT / 'configs/tiny/format_copy_grpo.yaml'}"
 

@@ -116,7 +116,7 @@ def bundle(run_dirs: Sequence[str | Path], out: str | Path) -> list[str]:
             )
         runs[name] = run_dir
     out = Path(out)
-    from llm_pg.runs.directory import enclosing_run  # here: `llm-pg bundle --help` loads no Lightning
+    from llm_pg.runs.names import enclosing_run  # here: `llm-pg bundle --help` loads no Lightning
 
     around = enclosing_run(out.parent)
     if around is not None:

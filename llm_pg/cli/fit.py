@@ -47,19 +47,11 @@ from llm_pg.data.user_code import add_config_dirs
 from llm_pg.modules.base import PolicyGradientModule
 from llm_pg.modules.settings import grpo_key_hint
 from llm_pg.runs.config import class_defaults, config_changes, plain_config
-from llm_pg.runs.directory import (
-    RunDirError,
-    RunLock,
-    checked_run_path,
-    claim,
-    default_run_name,
-    is_rank_zero,
-    mark_complete,
-    trained_contents,
-)
+from llm_pg.runs.directory import RunDirError, RunLock, claim, is_rank_zero, mark_complete, trained_contents
 from llm_pg.runs.guards import RunStopped
 from llm_pg.runs.loggers import default_loggers, run_wandb_id, uses_wandb, validate_wandb_id
 from llm_pg.runs.logs import trim_logs
+from llm_pg.runs.names import checked_run_path, default_run_name
 from llm_pg.runs.preflight import check_model, check_task_data, not_a_mapping, one_line
 from llm_pg.runs.spelling import load_config, upgrade_args, upgrade_config
 

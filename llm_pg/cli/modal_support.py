@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from llm_pg.cli.sweep import Run, override_args, resume_flag
-from llm_pg.runs.directory import default_run_name, is_complete
+from llm_pg.runs.directory import is_complete
+from llm_pg.runs.names import default_run_name
 
 REMOTE_ROOT = "/root"  # the package and configs in the container; the working directory of every run
 REMOTE_RUNS, REMOTE_HF = "/runs", "/hf-cache"

@@ -204,7 +204,7 @@ def expand(sweep: Mapping[str, Any]) -> list[Run]:
         merged = {**shared, **(overrides or {})}
         override_args(merged)  # fail on a bad key now, not an hour into the sweep
         expanded += [Run(f"{name}/{label}_seed{seed}", str(sweep["base"]), merged, seed) for seed in seeds]
-    from llm_pg.runs.directory import MAX_PART  # here: `llm-pg sweep --help` loads no Lightning
+    from llm_pg.runs.names import MAX_PART  # here: `llm-pg sweep --help` loads no Lightning
 
     for run in expanded:
         sweep_name, folder = run.name.split("/")

@@ -259,7 +259,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target:g} is no exact match: give one in (0, 1], e.g. --target 0.5")
-    from llm_pg.runs.directory import enclosing_run  # here: `llm-pg report --help` loads no Lightning
+    from llm_pg.runs.names import enclosing_run  # here: `llm-pg report --help` loads no Lightning
 
     run = enclosing_run(args.out)
     if run is not None:  # a run's report.md and overview.png are its own, and its folders hold its files alone
