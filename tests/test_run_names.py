@@ -226,6 +226,7 @@ def test_a_hard_linked_snapshot_is_refused_once_and_the_fix_it_suggests_works(tm
         (run / name).write_text(name)
     os.link(run / "metrics.csv", run / "metrics.bak")  # a second name inside the run too
     subprocess.run(["cp", "-al", str(run), str(tmp_path / "snapshot")], check=True)
+    (root / "run.linked").mkdir()  # taken: the command names another folder
     assert checked_run_path(str(root), "run", overwrite=True) == run
     with pytest.raises(RunDirError, match=r"run dir .*: 4 file\(s\) have a second name \(hard links") as refused:
         checked_run_path(str(root), "run")
@@ -234,7 +235,8 @@ def test_a_hard_linked_snapshot_is_refused_once_and_the_fix_it_suggests_works(tm
     assert checked_run_path(str(root), "run") == run  # its files are its own now
     (run / "metrics.csv").write_text("rewritten")
     assert (tmp_path / "snapshot" / "metrics.csv").read_text() == "metrics.csv"
-    assert (root / "run.linked" / "metrics.csv").read_text() == "metrics.csv"  # kept aside
+    assert (root / "run.linked2" / "metrics.csv").read_text() == "metrics.csv"  # kept aside
+    assert not any((root / "run.linked").iterdir())
 
 
 def test_a_lock_with_a_second_name_is_never_written(tmp_path):

@@ -146,10 +146,22 @@ def check_run_files(directory: Path, hard_links: bool = True) -> None:
             if hard_links and stat.S_ISREG(info.st_mode) and info.st_nlink > 1 and here != checkpoints:
                 shared.append(path)
     if shared:
-        here, copy, aside = (shlex.quote(f"{directory}{suffix}") for suffix in ("", ".copy", ".linked"))
+        here, copy, aside = (
+            shlex.quote(str(p)) for p in (directory, _unused(directory, "copy"), _unused(directory, "linked"))
+        )
         raise RunDirError(
             f"run dir {directory}: {len(shared)} file(s) have a second name (hard links, as a `cp -al` snapshot "
             f"makes; first: {shared[0].relative_to(directory)}); a run rewrites its files in place, which would change "
             f"the other names' files too: give the run files of its own, keeping the linked ones aside (cp -a "
-            f"--no-preserve=links {here} {copy} && mv {here} {aside} && mv {copy} {here}), or pick a new --run_name"
+            f"--no-preserve=links {here} {copy} && mv -T {here} {aside} && mv -T {copy} {here}), or pick a new "
+            "--run_name"
         )
+
+
+def _unused(directory: Path, word: str) -> Path:
+    """`<directory>.<word>`, or `.<word>2`, ...: the first sibling that does not exist (a command given to a user must
+    not copy or move into a folder that is already there)."""
+    candidate, k = directory.with_name(f"{directory.name}.{word}"), 2
+    while candidate.exists() or candidate.is_symlink():
+        candidate, k = directory.with_name(f"{directory.name}.{word}{k}"), k + 1
+    return candidate
