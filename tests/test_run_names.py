@@ -228,15 +228,56 @@ def test_a_hard_linked_snapshot_is_refused_once_and_the_fix_it_suggests_works(tm
     subprocess.run(["cp", "-al", str(run), str(tmp_path / "snapshot")], check=True)
     (root / "run.linked").mkdir()  # taken: the command names another folder
     assert checked_run_path(str(root), "run", overwrite=True) == run
+    with pytest.raises(RunDirError, match=r"\.lock has a second name"):  # a plain start would write the owner in it
+        claim(run, resume=False, overwrite=False)
     with pytest.raises(RunDirError, match=r"run dir .*: 4 file\(s\) have a second name \(hard links") as refused:
         checked_run_path(str(root), "run")
-    command = re.search(r"keeping the linked ones aside \((cp -a .*)\), or pick", str(refused.value)).group(1)
+    command = re.search(r"copy of the run needed: (cp -a .*)\), or pick", str(refused.value)).group(1)
     subprocess.run(command, shell=True, check=True)
     assert checked_run_path(str(root), "run") == run  # its files are its own now
     (run / "metrics.csv").write_text("rewritten")
     assert (tmp_path / "snapshot" / "metrics.csv").read_text() == "metrics.csv"
     assert (root / "run.linked2" / "metrics.csv").read_text() == "metrics.csv"  # kept aside
     assert not any((root / "run.linked").iterdir())
+    claim(root / "run.linked2", resume=False, overwrite=True).release()  # moved aside whole, lock not written
+    assert (tmp_path / "snapshot" / ".lock").read_text() == ".lock"
+    (aside,) = root.glob("run.linked2.old-*")
+    assert sorted(p.name for p in aside.iterdir()) == [
+        ".lock",
+        "checkpoints",
+        "config.yaml",
+        "metrics.bak",
+        "metrics.csv",
+    ]
+    assert sorted(p.name for p in (root / "run.linked2").iterdir()) == [".lock"]  # the new run's own
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every folder")
+def test_an_unreadable_folder_of_a_run_is_one_line(tmp_path):
+    """Found in review: a folder the walk could not list was skipped, and a link inside it went unseen."""
+    (tmp_path / "runs" / "run" / "eval").mkdir(parents=True)
+    (tmp_path / "runs" / "run" / "eval").chmod(0o333)
+    try:
+        with pytest.raises(RunDirError, match=r"eval cannot be read \(Permission denied\); a run must see all its"):
+            checked_run_path(str(tmp_path / "runs"), "run")
+    finally:
+        (tmp_path / "runs" / "run" / "eval").chmod(0o755)
+
+
+def test_an_unreadable_folder_is_refused_as_any_error_of_the_walk(tmp_path, monkeypatch):
+    """The same refusal wherever the walk fails (as root, who reads every folder, by a walk that reports an error)."""
+    from llm_pg.runs import names
+
+    (tmp_path / "runs" / "run" / "eval").mkdir(parents=True)
+    real_walk = os.walk
+
+    def walk(top, onerror=None, **kwargs):
+        onerror(PermissionError(13, "Permission denied", str(tmp_path / "runs" / "run" / "eval")))
+        yield from real_walk(top, onerror=onerror, **kwargs)
+
+    monkeypatch.setattr(names.os, "walk", walk)
+    with pytest.raises(RunDirError, match=r"eval cannot be read \(Permission denied\); a run must see all its"):
+        checked_run_path(str(tmp_path / "runs"), "run")
 
 
 def test_a_lock_with_a_second_name_is_never_written(tmp_path):

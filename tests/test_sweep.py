@@ -71,6 +71,7 @@ def test_fit_args_spell_overrides_as_cli_flags():
         ({"sedes": [0]}, "unknown"),
         ({"base": None}, "base"),
         ({"runs": {"a" * 196: {}}}, r"makes a folder of 202 characters \(200 at most\): shorten it by 2"),
+        ({"runs": {"a" * 195: {}}, "seeds": [0, 10]}, r"'a{195}' makes a folder of 202 .*: shorten it by 2"),  # seed10
     ],
 )
 def test_expand_rejects_mistakes_before_anything_runs(change, message):

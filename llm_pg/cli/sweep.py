@@ -206,17 +206,14 @@ def expand(sweep: Mapping[str, Any]) -> list[Run]:
         expanded += [Run(f"{name}/{label}_seed{seed}", str(sweep["base"]), merged, seed) for seed in seeds]
     from llm_pg.runs.names import MAX_PART  # here: `llm-pg sweep --help` loads no Lightning
 
+    longest = {f"the sweep's name {name!r}": len(str(name))}  # and each run's folder, <label>_seed<N>
     for run in expanded:
-        sweep_name, folder = run.name.split("/")
-        for what, length in (
-            (f"the sweep's name {sweep_name!r}", len(sweep_name)),
-            (f"run {run.label!r}", len(folder)),
-        ):
-            if length > MAX_PART:  # a run's folder is <label>_seed<N>
-                over = length - MAX_PART
-                raise ValueError(
-                    f"{what} makes a folder of {length} characters ({MAX_PART} at most): shorten it by {over}"
-                )
+        what = f"run {run.label!r}"
+        longest[what] = max(longest.get(what, 0), len(run.name.split("/")[-1]))
+    for what, length in longest.items():
+        if length > MAX_PART:
+            over = length - MAX_PART
+            raise ValueError(f"{what} makes a folder of {length} characters ({MAX_PART} at most): shorten it by {over}")
     return expanded
 
 

@@ -195,7 +195,9 @@ class RunLock:
         return None if target.endswith(" (deleted)") else Path(target).parent
 
     @classmethod
-    def acquire(cls, directory: str | Path) -> RunLock:
+    def acquire(cls, directory: str | Path, record: bool = True) -> RunLock:
+        """Lock `directory`, and (`record`) write this process's pid, host and token into its `.lock`. Without
+        `record` the file is only locked, not written: for an overwrite, which renames the old run aside whole."""
         directory = Path(directory)
         path = directory / LOCK
         try:
@@ -214,6 +216,8 @@ class RunLock:
         if held:
             os.close(fd)
             raise RunDirError(f"run dir {directory} is in use by {_owner(path)}; wait for it or pick a new --run_name")
+        if not record:
+            return cls(path, fd)
         if os.fstat(fd).st_nlink > 1:  # writing the owner would rewrite the lock's other name too
             os.close(fd)
             raise RunDirError(f"{path} has a second name (a hard link); remove it (it only names the run's owner)")
@@ -322,7 +326,11 @@ def claim(directory: str | Path, resume: bool, overwrite: bool) -> RunLock:
     if resume and overwrite:
         raise RunDirError("--overwrite true starts a run afresh and --ckpt_path continues one: give only one")
     directory.mkdir(parents=True, exist_ok=True)
-    lock = RunLock.acquire(directory)
+    moving = overwrite and has_contents(directory)  # renamed aside whole: its lock is held, not written
+    lock = RunLock.acquire(directory, record=not moving)
+    if moving and not has_contents(directory):  # emptied before the lock was ours: this run's own lock after all
+        lock.release()
+        moving, lock = False, RunLock.acquire(directory)
     for stale in [*directory.glob(".*.tmp-*"), *directory.glob("checkpoints/.*.tmp-*")]:
         stale.unlink(missing_ok=True)  # a killed writer's half-written temp file: with the lock held, no one writes it
     if has_contents(directory) and not resume:

@@ -100,10 +100,13 @@ def enclosing_run(path: str | Path) -> Path | None:
     file and something a run writes; None when there is none."""
     resolved = Path(path).resolve()
     for folder in (resolved, *resolved.parents):
-        if (folder / LOCK).is_file() and any(
-            (folder / name).exists() for name in RUN_FILES if name not in (LOCK, WANDB_ID)
-        ):
-            return folder
+        try:
+            if (folder / LOCK).is_file() and any(
+                (folder / name).exists() for name in RUN_FILES if name not in (LOCK, WANDB_ID)
+            ):
+                return folder
+        except OSError:  # a folder this user may not look into: not a run of theirs
+            continue
     return None
 
 
@@ -120,7 +123,14 @@ def check_run_files(directory: Path, hard_links: bool = True) -> None:
     fix = "move it out of the run directory, or pick a new --run_name"
     shared: list[Path] = []  # files with a second name
     checkpoints = directory / "checkpoints"
-    for top, folders, files in os.walk(directory):
+
+    def unreadable(error: OSError) -> None:  # a folder the walk cannot list could hide a link
+        raise RunDirError(
+            f"run dir {directory}: {error.filename} cannot be read ({error.strerror}); a run must see all its files: "
+            "fix the permissions, or pick a new --run_name"
+        )
+
+    for top, folders, files in os.walk(directory, onerror=unreadable):
         here = Path(top)
         if here in (directory, directory / "validate"):  # W&B's folders are W&B's (`llm-pg validate` has its own)
             folders[:] = [f for f in folders if f != "wandb" or (here / f).is_symlink()]
@@ -130,6 +140,8 @@ def check_run_files(directory: Path, hard_links: bool = True) -> None:
                 info = path.lstat()
             except FileNotFoundError:  # the run that holds the directory removed it meanwhile
                 continue
+            except OSError as error:
+                unreadable(error)
             if stat.S_ISLNK(info.st_mode):
                 raise RunDirError(
                     f"run dir {directory}: {path.relative_to(directory)} is a symbolic link; a run directory holds "
@@ -151,10 +163,10 @@ def check_run_files(directory: Path, hard_links: bool = True) -> None:
         )
         raise RunDirError(
             f"run dir {directory}: {len(shared)} file(s) have a second name (hard links, as a `cp -al` snapshot "
-            f"makes; first: {shared[0].relative_to(directory)}); a run rewrites its files in place, which would change "
-            f"the other names' files too: give the run files of its own, keeping the linked ones aside (cp -a "
-            f"--no-preserve=links {here} {copy} && mv -T {here} {aside} && mv -T {copy} {here}), or pick a new "
-            "--run_name"
+            f"makes; first: {shared[0].relative_to(directory)}); a run rewrites its files in place, which would "
+            "change the other names' files too: give the run files of its own, keeping the linked ones aside (room "
+            f"for one more copy of the run needed: cp -a --no-preserve=links {here} {copy} && mv -T {here} {aside} && "
+            f"mv -T {copy} {here}), or pick a new --run_name"
         )
 
 
