@@ -280,17 +280,6 @@ def test_an_unreadable_folder_is_refused_as_any_error_of_the_walk(tmp_path, monk
         checked_run_path(str(tmp_path / "runs"), "run")
 
 
-def test_a_lock_with_a_second_name_is_never_written(tmp_path):
-    from llm_pg.runs.directory import RunLock
-
-    (tmp_path / "precious.txt").write_text("keep\n")
-    (tmp_path / "run").mkdir()
-    os.link(tmp_path / "precious.txt", tmp_path / "run" / ".lock")
-    with pytest.raises(RunDirError, match=r"\.lock has a second name \(a hard link\); remove it"):
-        RunLock.acquire(tmp_path / "run")
-    assert (tmp_path / "precious.txt").read_text() == "keep\n"
-
-
 def test_a_runs_root_inside_a_run_is_refused(tmp_path):
     """Found in review: `--runs_root runs/a/eval` put a new run inside run a's `eval/`."""
     (tmp_path / "a" / "eval").mkdir(parents=True)
@@ -368,13 +357,18 @@ def test_a_dir_holding_only_the_base_models_evaluation_takes_a_fresh_run(tmp_pat
         claim(run, resume=False, overwrite=False)
 
 
-def test_the_lock_never_writes_through_a_link(tmp_path):
+@pytest.mark.parametrize(
+    ("link", "message"),
+    [(os.symlink, r"\.lock is a symbolic link"), (os.link, r"\.lock has a second name \(a hard link\); remove it")],
+)
+def test_the_lock_never_writes_through_a_link(tmp_path, link, message):
+    """A symbolic link, or a second name (hard link), of a file outside the run: its owner line is never written."""
     from llm_pg.runs.directory import RunLock
 
     (tmp_path / "precious.txt").write_text("keep\n")
     (tmp_path / "run").mkdir()
-    os.symlink(tmp_path / "precious.txt", tmp_path / "run" / ".lock")
-    with pytest.raises(RunDirError, match=r"\.lock is a symbolic link"):
+    link(tmp_path / "precious.txt", tmp_path / "run" / ".lock")
+    with pytest.raises(RunDirError, match=message):
         RunLock.acquire(tmp_path / "run")
     assert (tmp_path / "precious.txt").read_text() == "keep\n"
 
