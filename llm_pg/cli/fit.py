@@ -210,7 +210,7 @@ class LLMPGCLI(LightningCLI):
             config.run_name = default_run_name((config.get("config") or [None])[-1], config.seed)
         directory = checked_run_path(config.runs_root, config.run_name, bool(config.get("overwrite")))  # a name, inside
         config.trainer.default_root_dir = str(directory)
-        check_checkpoint_dir(config.get("checkpoint"), Path(config.trainer.default_root_dir))
+        check_checkpoint_dir(config.get("checkpoint"), directory)
         if config.trainer.get("logger") not in (None, True, False):  # its directory would be where the run writes
             raise RunDirError(
                 "trainer.logger: a run logs into its own directory (metrics.csv, and W&B with --wandb_project), which "

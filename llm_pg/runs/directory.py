@@ -242,12 +242,11 @@ def ensure_run_dir(path: str | Path) -> Path:
 
     A run directory moved or replaced under its live run (a new run of the same name may hold the path now) ends
     the process at once with `RUN_DIR_GONE`, as a kill would: no exception, so that nothing on the way out (a
-    logger's last flush, a checkpoint on exception) writes into the other run. Its reward workers are stopped
-    first; its files stay where the directory went, resumable from their last checkpoint. Every process this one
-    started goes with it (`_descendants`): reward workers, vLLM's engine, and under DDP the other ranks when
-    Lightning's launcher started them (torchrun's agent stops them itself when rank zero ends), which would
-    otherwise end only when their backend notices (gloo's at once, on the closed connection; NCCL's at its
-    collective's timeout)."""
+    logger's last flush, a checkpoint on exception) writes into the other run. Its files stay where the directory
+    went, resumable from their last checkpoint. Every process this one started is killed first (`_descendants`):
+    reward workers, vLLM's engine, and under DDP the other ranks when Lightning's launcher started them (torchrun's
+    agent stops them itself when rank zero ends), which would otherwise end only when their backend notices (gloo's
+    at once, on the closed connection; NCCL's at its collective's timeout)."""
     path = Path(path)
     absolute = Path(os.path.abspath(path))
     for directory, lock in list(RunLock.held.items()):

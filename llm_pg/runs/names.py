@@ -69,16 +69,15 @@ def checked_run_path(runs_root: str, run_name: str, overwrite: bool = False) -> 
     real = directory.resolve()
     if real == real_root or real_root not in real.parents:
         raise RunDirError(f"--run_name {run_name!r} resolves to {real}, outside --runs_root {real_root}; {rule}")
-    for k in range(1, len(parts) + 1):  # a link would put the run where its target is: inside another run, say
-        if (root / Path(*parts[:k])).is_symlink():
-            raise RunDirError(
-                f"--run_name {run_name!r}: {root / Path(*parts[:k])} is a symbolic link; a run name's folders are "
-                "folders of --runs_root: pick another name"
-            )
     around = enclosing_run(real_root)
     if around is not None:
         raise RunDirError(f"--runs_root {runs_root} lies inside the run directory {around}; give a folder outside it")
     for parent in [*reversed(directory.relative_to(root).parents), directory.relative_to(root)]:
+        if parent != Path(".") and (root / parent).is_symlink():  # the run would be where its target is
+            raise RunDirError(
+                f"--run_name {run_name!r}: {root / parent} is a symbolic link; a run name's folders are folders of "
+                "--runs_root: pick another name"
+            )
         if parent != Path(".") and (root / parent).exists() and not (root / parent).is_dir():
             raise RunDirError(f"--run_name {run_name!r}: {root / parent} is a file, not a folder; pick another name")
         if parent not in (Path("."), directory.relative_to(root)) and holds_run(root / parent):
