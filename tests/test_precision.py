@@ -48,6 +48,36 @@ def test_lora_in_bf16_keeps_base_in_bf16_and_adapter_in_float32(random_model_dir
     assert module.compute_dtype == torch.bfloat16
 
 
+def test_a_bf16_lora_forward_without_peft_input_casts_is_bitwise_the_same(random_model_dir):
+    # peft casts each adapter's bf16 input to its float32 weights, and autocast casts it back for the matmul: exact
+    # both ways, so leaving the cast out (`autocast_forward`) changes no bit of the logits or the adapter's gradient,
+    # and runs fewer copies (`aten::_to_copy` calls counted under the profiler).
+    from llm_pg.models.loading import LoRA, autocast_forward
+
+    module = GRPOModule(model_name_or_path=random_model_dir, dtype="bfloat16", lora=LoRA(r=4, alpha=8), kl_coef=0.0)
+    module.configure_model()
+    policy = module.policy
+    for name, param in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.1)  # a zero B would hide the adapter's forward
+    ids = torch.randint(0, 250, (3, 9), generator=torch.Generator().manual_seed(0))
+
+    def run(context) -> tuple[torch.Tensor, torch.Tensor, int]:
+        policy.zero_grad()
+        with torch.profiler.profile() as prof, context():
+            logits = policy(input_ids=ids).logits.float()
+        (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+        grad = torch.cat([p.grad.reshape(-1) for p in policy.parameters() if p.grad is not None])
+        copies = sum(event.count for event in prof.key_averages() if event.key == "aten::_to_copy")
+        return logits.detach(), grad, copies
+
+    plain = run(lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    lean = run(lambda: autocast_forward(policy, "cpu", torch.bfloat16))
+    assert torch.equal(lean[0], plain[0]) and torch.equal(lean[1], plain[1])
+    assert plain[1].abs().sum() > 0 and lean[2] < plain[2]
+    assert all(layer.cast_input_dtype_enabled for layer in policy.modules() if hasattr(layer, "lora_A"))  # restored
+
+
 @pytest.mark.parametrize(("dtype", "expected"), [("float32", torch.float32), ("bfloat16", torch.bfloat16)])
 def test_logprobs_run_in_the_compute_dtype(random_model_dir, dtype, expected):
     module = GRPOModule(model_name_or_path=random_model_dir, dtype=dtype, kl_coef=0.0)

@@ -153,9 +153,14 @@ def plain_logprobs(model, rollout: RolloutBatch) -> list[torch.Tensor]:
     return out
 
 
-def trainer_view(chunk: int, share: bool, policy=None, batch_size: int = 32) -> LogProbs:
-    """The trainer's log-prob settings: temperature 1, `chunk` positions per head call, prefix sharing `share`."""
-    return LogProbs(policy, None, True, 1.0, chunk, share, False, batch_size)
+HEADS = {"plain_head": (0, False), "chunked_head": (256, False), "packed": (256, True)}  # chunk size, packed rows
+
+
+def trainer_view(head: str, share: bool, policy=None, batch_size: int = 32) -> LogProbs:
+    """The trainer's log-prob settings: temperature 1, the head's path (`HEADS`: positions per head call, and
+    whether the rows' real tokens are packed, `llm_pg.modules.packing`), prefix sharing `share`."""
+    chunk, pack = HEADS[head]
+    return LogProbs(policy, None, True, 1.0, chunk, share, False, batch_size, pack=pack)
 
 
 def chat_inputs(tokenizer, conversation) -> dict:
@@ -262,14 +267,15 @@ def test_the_heads_rows_past_the_tokenizer_are_never_sampled_and_decode(spec, po
     assert isinstance(tokenizer.decode(list(range(spec.tokens - 8, spec.shape[2]))), str)
 
 
-@pytest.mark.parametrize("chunk", [0, 256], ids=["plain_head", "chunked_head"])
+@pytest.mark.parametrize("head", list(HEADS))
 @pytest.mark.parametrize("share", [True, False], ids=["shared_prompts", "own_prompts"])
 @pytest.mark.parametrize("adapter", ["on", "off"])
-def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(spec, policy_and_rollout, chunk, share, adapter):
-    # Padded, prompt-shared or packed (chunk > 0 without sharing), chunked head or not, adapter on or disabled
-    # (the reference): each row's completion log-probs equal its plain forward's, in eval mode, no grad.
+def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(spec, policy_and_rollout, head, share, adapter):
+    # Padded, prompt-shared, rows moved left (chunked head without sharing) or packed into one sequence, chunked
+    # head or not, adapter on or disabled (the reference): each row's completion log-probs equal its plain
+    # forward's, in eval mode, no grad.
     policy, rollout = policy_and_rollout
-    logprobs = trainer_view(chunk, share, policy, batch_size=4)  # three micro-batches of the nine rows
+    logprobs = trainer_view(head, share, policy, batch_size=4)  # three micro-batches of the nine rows
     off = policy.disable_adapter() if adapter == "off" else nullcontext()
     logp = logprobs.no_grad(rollout, reference=adapter == "off")  # [N, C]
     with torch.no_grad(), off:
@@ -280,21 +286,21 @@ def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(spec, policy_an
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["stored", "checkpointed"])
-@pytest.mark.parametrize("chunk", [0, 256], ids=["plain_head", "chunked_head"])
+@pytest.mark.parametrize("head", list(HEADS))
 @pytest.mark.parametrize("share", [True, False], ids=["shared_prompts", "own_prompts"])
 def test_training_logprob_paths_equal_a_plain_forward_with_its_gradient(
-    spec, training_policy, checkpointing, chunk, share
+    spec, training_policy, checkpointing, head, share
 ):
     # Train mode with a graph (LoRA dropout 0, so the forward is deterministic): log-probs and the adapter's gradient
     # of a weighted sum of them equal those of the plain per-row forwards, with and without gradient checkpointing.
-    if spec.pairwise and (checkpointing == share) != bool(chunk):
+    if spec.pairwise and (checkpointing == share) != bool(HEADS[head][0]):
         pytest.skip("Qwen runs the 4 cases that cover every pair of settings (each case is ~20 s at its vocabulary)")
     policy, rollout = training_policy(checkpointing)
     policy.zero_grad()
     policy.train()
     weights = torch.linspace(0.5, 1.5, rollout.completion_mask.shape[1])  # [C]: a loss that weighs every position
     lora = [p for p in policy.parameters() if p.requires_grad]
-    logp, _ = trainer_view(chunk, share)(policy, rollout)  # [N, C]
+    logp, _ = trainer_view(head, share)(policy, rollout)  # [N, C]
     (logp * rollout.completion_mask * weights).sum().backward()
     grad = torch.cat([p.grad.reshape(-1) for p in lora])
     policy.zero_grad()

@@ -134,3 +134,17 @@ class PromptCache(Cache):
                 _PromptRowsLayer(m.keys.index_select(0, index), m.values.index_select(0, index)) for m in self.layers
             ]
         )
+
+
+def prompt_blocks(cache: Cache, copies: int) -> Cache:
+    """A read-only cache whose keys and values are a prompt pass's `[u, h, P, d]` laid side by side along the sequence,
+    `[copies, h, u * P, d]` per layer (the packed forward's prompt keys, `llm_pg.modules.packing`): a reshape and an
+    expand, so the gradients of every copy flow back into the one prompt pass."""
+    layers = []
+    for layer in cache.layers:
+        keys, values = (
+            t.transpose(0, 1).reshape(1, t.shape[1], -1, t.shape[-1]).expand(copies, -1, -1, -1)
+            for t in (layer.keys, layer.values)
+        )
+        layers.append(_PromptRowsLayer(keys, values))
+    return Cache(layers=layers)

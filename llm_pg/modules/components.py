@@ -19,7 +19,15 @@ from llm_pg.core.rollout import RolloutBatch
 from llm_pg.engines import Engine, EngineSettings, build_engine
 from llm_pg.engines.episodes import Sampler
 from llm_pg.models.generation import Sampling, eos_token_ids, pad_token_id
-from llm_pg.models.loading import auto_dtype, default_dtype, load_policy, load_reference, load_tokenizer, master_dtype
+from llm_pg.models.loading import (
+    auto_dtype,
+    autocast_forward,
+    default_dtype,
+    load_policy,
+    load_reference,
+    load_tokenizer,
+    master_dtype,
+)
 from llm_pg.models.parallel import is_sharded
 from llm_pg.modules.distributed import backward_sync_off, shard_for_strategy
 from llm_pg.modules.logprobs import LogProbs, prefix_sharing_in_graph
@@ -132,10 +140,11 @@ class FitComponents:
         )
 
     def autocast(self) -> AbstractContextManager:
-        """Forward passes in the compute dtype: autocast casts float32 weights per op (nothing to do in float32)."""
+        """Forward passes in the compute dtype: autocast casts float32 weights per op (nothing to do in float32), and
+        a LoRA adapter's inputs are not cast to float32 first (`llm_pg.models.loading.autocast_forward`)."""
         if self.compute_dtype in (None, torch.float32):
             return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+        return autocast_forward(self.policy, self.device.type, self.compute_dtype)
 
     @property
     def logprob_temperature(self) -> float:
@@ -170,6 +179,7 @@ class FitComponents:
                 shared_dropout=speed.share_prompt_dropout,
                 batch_size=speed.logprob_batch_size,
                 autocast=self.autocast,
+                pack=speed.pack_sequences,
             )
         return self._logprobs
 

@@ -85,6 +85,9 @@ class Speed:
             (`llm_pg.core.chunked_logprobs`), so no `[rows, positions, vocabulary]` logits tensor is held. A forward
             without prefix sharing then also packs each row's tokens to the left (`logprobs.packed_layout`). 0: the
             plain path, one head call over the whole micro-batch.
+        pack_sequences: with the chunked head, run a forward's rows as a few packed sequences of their real tokens
+            under a block-diagonal causal mask (`llm_pg.modules.packing`; SDPA or eager attention), so the layers and
+            the head touch no padding; prefix sharing still runs each prompt once. false: rows padded to the longest.
         share_prompt_prefix: run each distinct prompt of a forward once and its completions on its cached keys and
             values (`llm_pg.modules.logprobs`): the same log-probs and gradients up to float rounding, fewer tokens.
         share_prompt_dropout: let prefix sharing run in a training forward with dropout (LoRA's 0.05): the rows of a
@@ -104,6 +107,7 @@ class Speed:
     gradient_checkpointing: bool = False
     logprob_batch_size: int = 32
     logprob_chunk_size: int = 256
+    pack_sequences: bool = True
     share_prompt_prefix: bool = True
     share_prompt_dropout: bool = True
     group_by_length: bool = True
