@@ -29,6 +29,7 @@ from llm_pg.models import real_model
 from llm_pg.models.cache import enable_activation_checkpointing
 from llm_pg.models.generation import Sampling, encode_prompts, eos_token_ids, generate, unused_token_ids
 from llm_pg.models.loading import load_tokenizer
+from llm_pg.modules import packing
 from llm_pg.modules.logprobs import LogProbs
 
 pytestmark = pytest.mark.real
@@ -284,11 +285,14 @@ def test_the_heads_rows_past_the_tokenizer_are_never_sampled_and_decode(spec, po
 @pytest.mark.parametrize("head", list(HEADS))
 @pytest.mark.parametrize("share", [True, False], ids=["shared_prompts", "own_prompts"])
 @pytest.mark.parametrize("adapter", ["on", "off"])
-def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(spec, policy_and_rollout, head, share, adapter):
+def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(
+    spec, policy_and_rollout, head, share, adapter, monkeypatch
+):
     # Padded, prompt-shared, rows moved left (chunked head without sharing) or packed into one sequence, chunked
     # head or not, adapter on or disabled (the reference): each row's completion log-probs equal its plain
     # forward's, in eval mode, no grad.
     policy, rollout = policy_and_rollout
+    monkeypatch.setattr(packing, "MIN_PADDING", 0.0)  # `packed` packs every forward, however little it pads
     logprobs = trainer_view(head, share, policy, batch_size=4)  # three micro-batches of the nine rows
     off = policy.disable_adapter() if adapter == "off" else nullcontext()
     logp = logprobs.no_grad(rollout, reference=adapter == "off")  # [N, C]
@@ -303,13 +307,14 @@ def test_no_grad_logprob_paths_equal_a_plain_forward_of_each_row(spec, policy_an
 @pytest.mark.parametrize("head", list(HEADS))
 @pytest.mark.parametrize("share", [True, False], ids=["shared_prompts", "own_prompts"])
 def test_training_logprob_paths_equal_a_plain_forward_with_its_gradient(
-    spec, training_policy, checkpointing, head, share
+    spec, training_policy, checkpointing, head, share, monkeypatch
 ):
     # Train mode with a graph (LoRA dropout 0, so the forward is deterministic): log-probs and the adapter's gradient
     # of a weighted sum of them equal those of the plain per-row forwards, with and without gradient checkpointing.
     if spec.pairwise and (checkpointing == share) != bool(HEADS[head][0]):
         pytest.skip("Qwen runs the 4 cases that cover every pair of settings (each case is ~20 s at its vocabulary)")
     policy, rollout = training_policy(checkpointing)
+    monkeypatch.setattr(packing, "MIN_PADDING", 0.0)  # `packed` packs every forward, however little it pads
     policy.zero_grad()
     policy.train()
     weights = torch.linspace(0.5, 1.5, rollout.completion_mask.shape[1])  # [C]: a loss that weighs every position

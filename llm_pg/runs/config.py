@@ -26,6 +26,7 @@ RESUME_MAY_CHANGE = {
     "model.init_args.speed.logprob_batch_size",
     "model.init_args.speed.logprob_chunk_size",
     "model.init_args.speed.group_by_length",
+    "model.init_args.speed.pack_sequences",
     "model.init_args.evaluation.generate_batch_size",
     "data.validate_batch_size",
     "data.reward_timeout",  # how the rewards run, not what they are
