@@ -23,7 +23,8 @@ in the run's compute dtype, 10 repetitions after one warm-up;
   over the tokens they needed (each distinct prompt's positions once per forward, and every real completion token);
 - `peak_rss_gb`: the process's peak resident set (`ru_maxrss`), model loading included.
 
-Prints a line per timed iteration and, last, one JSON line with `iteration_s`, `rollout_s`, `update_s` (medians over
+Prints iteration 1's rollout and update (its rollout is the same on every side of a comparison: nothing is trained
+yet), a line per timed iteration and, last, one JSON line with `iteration_s`, `rollout_s`, `update_s` (medians over
 the timed iterations), `update_gflop_s`, `matmul_gflop_s`, `update_share_of_matmul`, `processed_over_real`,
 `peak_rss_gb`, the dtype and whether the CPU has avx512_bf16. Figures, never assertions: other jobs on the machine
 move them, so run it alone.
@@ -169,6 +170,9 @@ def main() -> None:
     update = [float(r["time/update"]) for r in timed]
     rollout = [float(r["time/rollout"]) for r in timed]
     update_rate = statistics.median(f / s / 1e9 for f, s in zip(flops, update, strict=True))
+    first = rows[0]  # the same rollout on every side of a comparison (nothing trained yet), model warm-up included
+    warm = float(first["time/rollout"]), float(first["time/update"])
+    print(f"iteration 1 (warm-up): rollout {warm[0]:.1f} s, update {warm[1]:.1f} s")
     for number, (it, ro, up, row) in enumerate(zip(iteration, rollout, update, timed, strict=True), 2):
         length, longest = float(row["train/completion_len"]), float(row["train/completion_len_max"])
         print(f"iteration {number}: {it:.1f} s (rollout {ro:.1f}, update {up:.1f}; completions {length:.1f} tokens, "
