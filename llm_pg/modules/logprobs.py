@@ -254,16 +254,17 @@ class LogProbs:
     @staticmethod
     def packs(model: torch.nn.Module, rollout: RolloutBatch, unique_prompts: int | None) -> bool:
         """Whether a forward runs packed (`llm_pg.modules.packing`): the model's attention takes the packed mask
-        (SDPA or eager, `packing.MASKS`), and at least `packing.MIN_PADDING` of the padded forward's positions are
-        padding: `u * P + N * C` positions with `unique_prompts` = u shared prompts, else `N * (P + C)`, against the
-        real tokens needed. Below that the padded batch costs no more than the packed one, whose mask and
-        block-diagonal attention are not free: the tiny model's format_copy micro-batches waste 1-17 % of their
-        positions, the Qwen math rehearsal's 60-80 %."""
+        (SDPA or eager, `packing.MASKS`), and at least `packing.MIN_PADDING` of the positions the other path would
+        run are padding: `u * P + N * C` with `unique_prompts` = u shared prompts, else `N * T` for rows moved left
+        to the longest row's `T` real tokens (`packed_layout`), against the real tokens needed. Below that the
+        padded batch costs no more than the packed one, whose mask and block-diagonal attention are not free: the
+        tiny model's format_copy micro-batches waste 1-17 % of their positions, the Qwen math rehearsal's 60-80 %."""
         if getattr(_decoder_and_head(model)[0].config, "_attn_implementation", None) not in packing.MASKS:
             return False
         mask, prompt = rollout.attention_mask, rollout.prompt_len
         if unique_prompts is None:
-            padded, real = mask.numel(), int(mask.sum())
+            real_per_row = mask.sum(1)  # [N]
+            padded, real = len(mask) * int(real_per_row.max()), int(real_per_row.sum())
         else:
             padded = unique_prompts * prompt + mask[:, prompt:].numel()
             real = unique_prompts * prompt + int(mask[:, prompt:].sum())
@@ -282,9 +283,8 @@ class LogProbs:
         decoder, head = _decoder_and_head(model)
         with self.autocast():
             packed = None if shared is None else packing.packed_completion_hidden(decoder, rollout, shared)
-            hidden, rows, columns = packed or packing.packed_completion_hidden(
-                decoder, rollout, None
-            )  # [n, H], [n], [n]
+            packed = packed or packing.packed_completion_hidden(decoder, rollout, None)
+            hidden, rows, columns = packed  # [n, H], [n], [n]
             targets = rollout.completion_ids[rows, columns]  # [n]
             logp, entropy = chunked_target_logprobs(
                 hidden, head.weight, targets, self.temperature, self.chunk_size, with_entropy, entropy_grad

@@ -17,8 +17,8 @@ Position ids stay `cumsum(attention_mask) - 1` of each row, so every token sees 
 the same hidden states to float rounding (tests/test_packing.py on random Llama and Qwen2 models,
 tests/test_real_model.py on SmolLM2 and the Qwen). Rows are packed in order into sequences of at most `PACK_TOKENS`
 tokens (a longer row gets one of its own), so the attention's cost, quadratic in a sequence's length, stays a small
-part of the forward's. A padding slot at a sequence's end
-attends to itself only: no query row is fully masked, so no NaN enters the backward through `0 * NaN`.
+part of the forward's. A padding slot at a sequence's end attends to itself only: no query row is fully masked, so
+no NaN enters the backward through `0 * NaN`.
 
 The mask is built for the model's attention: boolean for SDPA, additive float for the eager one (`MASKS`); other
 attention implementations (flash, flex) keep the padded forward, and so does a forward whose padding is less than
